@@ -1,0 +1,1 @@
+"""Triton kernels, imported as `ltm.kernels`."""

@@ -1,0 +1,146 @@
+"""Strict loading of params.yaml sections into dataclasses.
+
+Every stage reads its section through `load_section`, so an unknown key, a wrong type or a bad
+value stops the run with one line that names the key, never with a traceback deep in a stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ParamsError(ValueError):
+    """A params.yaml value is missing, unknown, of the wrong type or out of range."""
+
+
+def read_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: no such parameters file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: top level must be a mapping of sections")
+    return data
+
+
+def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -> T:
+    """Build dataclass `cls` from section `section` of the parameters file."""
+    params = read_params(path)
+    if section not in params:
+        raise ParamsError(f"{path}: section '{section}' is missing")
+    return from_mapping(cls, params[section], section)
+
+
+def from_mapping(cls: type[T], mapping: Any, where: str) -> T:
+    """Build dataclass `cls` from `mapping`; `where` names the section in error messages."""
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        raise ParamsError(f"{where}: expected a mapping, got {type(mapping).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in mapping:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ParamsError(f"{where}.{key}: unknown parameter{hint}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _convert(mapping[name], hints[name], f"{where}.{name}")
+              for name in fields if name in mapping}
+    missing = [name for name, f in fields.items() if name not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ParamsError(f"{where}.{missing[0]}: required parameter is missing")
+    try:
+        return cls(**values)
+    except ParamsError as err:
+        # raised by `check` in the dataclass's __post_init__ with the field name first
+        raise ParamsError(f"{where}.{err}") from None
+
+
+def to_dict(obj: Any) -> dict:
+    """A dataclass as a plain dict (nested dataclasses too), for logging and metrics."""
+    return dataclasses.asdict(obj)
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if _is_union(tp):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against type `tp`; return it (converted where safe, e.g. int -> float)."""
+    origin = typing.get_origin(tp)
+    if _is_union(tp):
+        for option in typing.get_args(tp):
+            try:
+                return _convert(value, option, where)
+            except ParamsError:
+                continue
+        raise ParamsError(f"{where}: expected {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in typing.get_args(tp) and type(value) in {type(a) for a in typing.get_args(tp)}:
+            return value
+        raise ParamsError(f"{where}: expected {_describe(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ParamsError(f"{where}: expected a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        items = [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, value, where)
+    return _convert_scalar(value, tp, where)
+
+
+def _convert_scalar(value: Any, tp: Any, where: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"{where}: unsupported parameter type {tp!r}")
+    raise ParamsError(f"{where}: expected {_describe(tp)}, got {value!r}")
+
+
+def check(condition: bool, field: str, message: str) -> None:
+    """In a dataclass's `__post_init__`: raise a one-line ParamsError naming `field` unless
+    `condition`; `from_mapping` puts the section name in front."""
+    if not condition:
+        raise ParamsError(f"{field}: {message}")
