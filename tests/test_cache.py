@@ -1,0 +1,111 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ltm.cache import DataConfig, RawTextSampler, TokenCache, build_cache, tokenize_stage
+from ltm.corpus import DataError
+from ltm.params import ParamsError
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng()
+    words = ["king", "queen", "crown", "sword", "night", "love", "death", "the", "of", "and"]
+    for i in range(12):
+        text = " ".join(rng.choice(words, size=400 + 37 * i))
+        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n{text}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cache(corpus_dir, tmp_path_factory):
+    cache_dir = tmp_path_factory.mktemp("cache")
+    cfg = DataConfig(source=str(corpus_dir), vocab_size=300, val_fraction=0.25,
+                     shard_tokens=1024, cache_dir=str(cache_dir))
+    return cache_dir, build_cache(cfg, progress=False)
+
+
+def test_metrics_and_meta_agree(cache):
+    cache_dir, metrics = cache
+    meta = json.loads((cache_dir / "meta.json").read_text())
+    assert metrics["documents"] == 12
+    assert meta["splits"]["val"]["documents"] == 3
+    assert metrics["tokens"] == metrics["train_tokens"] + metrics["val_tokens"]
+    # vocab 300 fits uint16, not uint8
+    assert meta["dtype"] == "uint16"
+    train_shards = meta["splits"]["train"]["shards"]
+    assert len(train_shards) > 1 and all(s["tokens"] <= 1024 for s in train_shards)
+    assert sum(s["tokens"] for s in train_shards) == metrics["train_tokens"]
+    assert metrics["bytes_per_token"] == pytest.approx(metrics["bytes"] / metrics["tokens"], rel=1e-3)
+
+
+def test_shards_decode_back_to_the_documents(cache):
+    from ltm.tokenizer import load_tokenizer
+    cache_dir, _ = cache
+    tokenizer = load_tokenizer(cache_dir / "tokenizer.json")
+    split = TokenCache(cache_dir, "val")
+    ids = np.concatenate([np.asarray(s) for s in split.shards]).tolist()
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.count("<|endoftext|>") == 3 and "Document" in text
+
+
+def test_random_windows_are_shifted_pairs_and_follow_the_generator(cache):
+    cache_dir, _ = cache
+    train = TokenCache(cache_dir, "train")
+    seed = int(torch.randint(0, 2**31, (1,)))
+    x, y = train.sample_batch(5, 33, torch.Generator().manual_seed(seed))
+    assert x.shape == y.shape == (5, 33) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert int(x.max()) < train.vocab_size
+    x2, _ = train.sample_batch(5, 33, torch.Generator().manual_seed(seed))
+    assert torch.equal(x, x2), f"seed {seed}"
+
+
+def test_eval_windows_tile_each_shard_in_order(cache):
+    cache_dir, _ = cache
+    val = TokenCache(cache_dir, "val")
+    batches = list(val.eval_batches(batch_size=4, seq_len=50))
+    first = np.asarray(val.shards[0][:51], dtype=np.int64)
+    assert torch.equal(batches[0][0][0], torch.from_numpy(first[:50]))
+    assert torch.equal(batches[0][1][0], torch.from_numpy(first[1:]))
+    windows = sum(len(x) for x, _ in batches)
+    assert windows == sum((len(s) - 1) // 50 for s in val.shards)
+    assert len(list(val.eval_batches(4, 50, max_batches=1))) == 1
+
+
+def test_raw_text_sampler_tokenises_on_the_fly(cache):
+    cache_dir, _ = cache
+    x, y = RawTextSampler(cache_dir, "train").sample_batch(3, 40, torch.Generator().manual_seed(1))
+    assert x.shape == (3, 40) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_corrupt_or_missing_cache_is_a_clear_error(cache, tmp_path):
+    cache_dir, _ = cache
+    with pytest.raises(DataError, match="no token cache here"):
+        TokenCache(tmp_path, "train")
+    with pytest.raises(DataError, match="split must be one of"):
+        TokenCache(cache_dir, "test")
+    with pytest.raises(DataError, match="seq_len=100000"):
+        TokenCache(cache_dir, "val").sample_batch(1, 100000)
+    shard = cache_dir / "val_000.bin"
+    original = shard.read_bytes()
+    try:
+        shard.write_bytes(bytes([original[0] ^ 1]) + original[1:])
+        with pytest.raises(DataError, match="checksum does not match"):
+            TokenCache(cache_dir, "val")
+    finally:
+        shard.write_bytes(original)
+
+
+def test_stage_reads_params_and_writes_metrics(corpus_dir, tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(f"data:\n  source: {corpus_dir}\n  vocab_size: 280\n  cache_dir: {tmp_path / 'c'}\n")
+    metrics = tokenize_stage(params, tmp_path / "m.json")
+    assert json.loads((tmp_path / "m.json").read_text()) == metrics
+    assert metrics["vocab_size"] <= 280
+    params.write_text("data:\n  val_fraction: 1.5\n")
+    with pytest.raises(ParamsError, match="data.val_fraction: must be in"):
+        tokenize_stage(params, tmp_path / "m.json")
