@@ -1,0 +1,115 @@
+"""The ablate stage: flip one switch at a time on top of the baseline (the model and train
+sections of params.yaml), train each variant for the same number of steps, and measure what it
+buys in tokens/s and what it costs in validation loss."""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from ltm.model import ModelConfig
+from ltm.params import ParamsError, check, from_mapping, load_section, read_params
+from ltm.train import TrainConfig, run_training
+
+# sections a switch may change
+SWITCHABLE = ("model", "train")
+
+
+@dataclass
+class AblateConfig:
+    steps: int = 40  # training steps of every run, the baseline's included
+    repeats: int = 1  # runs per variant; tokens/s is their median
+    # a variant preserves quality when its val loss is within this of the baseline's
+    loss_tolerance: float = 0.05
+    # each "section.key=value" is applied alone on top of the baseline
+    switches: list[str] = field(default_factory=lambda: ["model.kernel=naive"])
+
+    def __post_init__(self) -> None:
+        check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
+        check(self.repeats > 0, "repeats", f"must be > 0, got {self.repeats}")
+
+
+def parse_switch(text: str, where: str) -> tuple[list[str], object]:
+    """'train.opt.amp=bf16' -> (['train', 'opt', 'amp'], 'bf16'); the value is read as YAML."""
+    key, sep, value = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or len(path) < 2 or path[0] not in SWITCHABLE:
+        raise ParamsError(f"{where}: '{text}' is not of the form model.<key>=<value> or train.<key>=<value>")
+    return path, yaml.safe_load(value)
+
+
+def apply_switch(sections: dict, path: list[str], value: object, where: str) -> dict:
+    """A deep copy of `sections` with the value at `path` replaced."""
+    changed = copy.deepcopy(sections)
+    node = changed
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ParamsError(f"{where}: '{'.'.join(path)}' goes below a plain value")
+    node[path[-1]] = value
+    return changed
+
+
+def variant_configs(sections: dict, steps: int, where: str) -> tuple[ModelConfig, TrainConfig]:
+    """Validated configs of one variant, trained for `steps` steps from scratch."""
+    train = dict(sections.get("train") or {}, steps=steps, resume=False)
+    model_cfg = from_mapping(ModelConfig, sections.get("model"), f"{where} model")
+    train_cfg = from_mapping(TrainConfig, train, f"{where} train")
+    return model_cfg, train_cfg
+
+
+def run_variant(sections: dict, cfg: AblateConfig, cache_dir: str, where: str) -> dict:
+    model_cfg, train_cfg = variant_configs(sections, cfg.steps, where)
+    speeds, losses = [], []
+    for _ in range(cfg.repeats):
+        with tempfile.TemporaryDirectory() as out_dir:
+            result = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress=False)
+        speeds.append(result.metrics["tokens_per_s"])
+        losses.append(result.metrics["val_loss"])
+    return {"tokens_per_s": statistics.median(speeds), "val_loss": statistics.median(losses),
+            "peak_memory_mb": result.metrics.get("peak_memory_mb")}
+
+
+def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
+    """One row per variant: the baseline first, then each switch alone."""
+    variants = [("baseline", sections)]
+    for i, text in enumerate(cfg.switches):
+        where = f"ablate.switches[{i}]"
+        path, value = parse_switch(text, where)
+        variants.append((text, apply_switch(sections, path, value, where)))
+        # fail on a bad switch before spending minutes on the ones before it
+        variant_configs(variants[-1][1], cfg.steps, where)
+    rows = []
+    for name, variant in variants:
+        print(f"ablate: {name}", flush=True)
+        rows.append({"switch": name, **run_variant(variant, cfg, cache_dir, name)})
+    table = pd.DataFrame(rows)
+    base = table.iloc[0]
+    table["speedup"] = table["tokens_per_s"] / base["tokens_per_s"]
+    table["delta_val_loss"] = table["val_loss"] - base["val_loss"]
+    table["quality_preserved"] = table["delta_val_loss"].abs() <= cfg.loss_tolerance
+    return table
+
+
+def ablate_stage(params_path: str | Path = "params.yaml",
+                 metrics_path: str | Path = "reports/metrics/ablate.json",
+                 plots_path: str | Path = "reports/plots/ablate.csv") -> pd.DataFrame:
+    """The ablate stage: run every variant, write metrics (per switch) and the plot table."""
+    cfg = load_section(AblateConfig, "ablate", params_path)
+    params = read_params(params_path)
+    sections = {name: params.get(name) or {} for name in SWITCHABLE}
+    cache_dir = (params.get("data") or {}).get("cache_dir", "data/cache")
+    table = ablate(cfg, sections, cache_dir)
+    for path in (metrics_path, plots_path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    metrics = {row["switch"]: {k: v for k, v in row.items() if k != "switch"}
+               for row in table.to_dict("records")}
+    Path(metrics_path).write_text(json.dumps(metrics, indent=1, default=float) + "\n")
+    table.to_csv(plots_path, index=False)
+    return table

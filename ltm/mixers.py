@@ -1,0 +1,357 @@
+"""Token mixers: causal softmax attention, RWKV-7 time mixing and the (hierarchical) gated DeltaNet.
+
+Every mixer has one interface:
+
+    y, state = mixer(x, state=None)          x, y: (B, T, d_model)
+
+With `state=None` the whole sequence is processed in parallel and no state is returned (training).
+With a state from `mixer.init_state(...)` the mixer continues from it and returns the advanced state
+(generation): T > 1 is a parallel prefill (the chunk form with an initial state, or the KV cache
+filled at once), T == 1 is one decoding step (the step form, or one query against the KV cache).
+
+The linear mixers reach their recurrence through `delta_rule` / `rwkv7` below, which pick the
+implementation named by `model.kernel` with a plain `if`: the token-by-token reference (`naive`),
+the chunked PyTorch form (`torch`), our Triton kernels (`triton`) or flash-linear-attention (`fla`).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ltm.ops.delta_rule.naive import naive_delta_rule
+from ltm.ops.rwkv7.naive import naive_rwkv7
+
+if TYPE_CHECKING:
+    from ltm.model import ModelConfig
+
+KERNELS = ("naive", "torch", "triton", "fla")
+
+
+def check_kernel(kernel: str) -> None:
+    """Raise a one-line error unless `kernel` names an implementation that can run here."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
+    if kernel == "fla" and importlib.util.find_spec("fla") is None:
+        raise ValueError("kernel: 'fla' needs flash-linear-attention (pip install fla-core), "
+                         "which is not installed")
+
+
+def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=None,
+               output_final_state: bool = False):
+    """Gated delta rule over a sequence by the chosen implementation. q, k, v: (B, T, H, D);
+    beta, g: (B, T, H); state (B, H, D, D) float32. Returns (o (B, T, H, D), final state or None)."""
+    if kernel == "naive":
+        return naive_delta_rule(q, k, v, beta, g, initial_state=initial_state,
+                                output_final_state=output_final_state)
+    if kernel == "torch":
+        from ltm.ops.delta_rule.chunk import chunk_delta_rule
+        return chunk_delta_rule(q, k, v, beta, g, initial_state=initial_state,
+                                output_final_state=output_final_state, chunk_size=chunk_size)
+    if kernel == "triton":
+        from ltm.kernels import chunk_delta_rule as triton_delta_rule
+        return triton_delta_rule(q, k, v, beta, g, initial_state=initial_state,
+                                 output_final_state=output_final_state)
+    if kernel == "fla":
+        check_kernel(kernel)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        # fla takes g before beta and expects float32 states; its scale default is also K ** -0.5
+        return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                      output_final_state=output_final_state)
+    check_kernel(kernel)
+    raise AssertionError(kernel)
+
+
+def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
+    """One decoding step of the gated delta rule: q, k, v (B, H, D); beta, g (B, H)."""
+    if kernel == "naive":
+        o, state = naive_delta_rule(q[:, None], k[:, None], v[:, None], beta[:, None], g[:, None],
+                                    initial_state=state, output_final_state=True)
+        return o[:, 0], state
+    from ltm.ops.delta_rule.step import delta_rule_step
+    return delta_rule_step(q, k, v, beta, g, q.shape[-1] ** -0.5, state)
+
+
+def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
+          output_final_state: bool = False):
+    """RWKV-7 recurrence over a sequence by the chosen implementation; all inputs (B, T, H, D),
+    w the log decay; state (B, H, D, D) float32. Returns (o (B, T, H, D), final state or None)."""
+    if kernel == "naive":
+        return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
+                           output_final_state=output_final_state)
+    if kernel == "torch":
+        from ltm.ops.rwkv7.chunk import chunk_rwkv7
+        return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
+                           output_final_state=output_final_state, chunk_size=chunk_size)
+    if kernel == "triton":
+        from ltm.kernels import chunk_rwkv7 as triton_rwkv7
+        return triton_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
+                            output_final_state=output_final_state)
+    if kernel == "fla":
+        check_kernel(kernel)
+        from fla.ops.rwkv7 import chunk_rwkv7 as fla_rwkv7
+        # fla's w is the log decay too and a^T S is read before the decay, as in naive_rwkv7
+        return fla_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=initial_state,
+                         output_final_state=output_final_state)
+    check_kernel(kernel)
+    raise AssertionError(kernel)
+
+
+def rwkv7_one_token(r, w, k, v, a, b, state, *, kernel: str):
+    """One decoding step of the RWKV-7 recurrence: all inputs (B, H, D)."""
+    if kernel == "naive":
+        o, state = naive_rwkv7(*(x[:, None] for x in (r, w, k, v, a, b)),
+                               initial_state=state, output_final_state=True)
+        return o[:, 0], state
+    from ltm.ops.rwkv7.step import rwkv7_step
+    return rwkv7_step(r, w, k, v, a, b, state)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Recurrent states are kept in float32 (float64 for a float64 model)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (max_seq_len, head_dim // 2)."""
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), freqs)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of x (B, H, T, D) by the angles of its T positions."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal softmax self-attention with RoPE; with `window` each token sees itself and the
+    window - 1 tokens before it. Its generation state is a preallocated KV cache of max_seq_len."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.window, self.max_seq_len = cfg.window, cfg.max_seq_len
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        cos, sin = rope_tables(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+        shape = (batch, self.n_heads, self.max_seq_len, self.head_dim)
+        return {"k": torch.zeros(shape, device=device, dtype=dtype),
+                "v": torch.zeros(shape, device=device, dtype=dtype), "pos": 0}
+
+    def forward(self, x: torch.Tensor, state: dict | None = None):
+        B, T, C = x.shape
+        pos = 0 if state is None else state["pos"]
+        if pos + T > self.max_seq_len:
+            raise ValueError(f"x: position {pos + T} is past model.max_seq_len={self.max_seq_len}")
+        # (B, H, T, D) each
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        key_start = 0
+        if state is not None:
+            state["k"][:, :, pos:pos + T] = k
+            state["v"][:, :, pos:pos + T] = v
+            # keys older than the window of the first query are never needed
+            key_start = 0 if self.window is None else max(0, pos - self.window + 1)
+            k, v = state["k"][:, :, key_start:pos + T], state["v"][:, :, key_start:pos + T]
+            state = {"k": state["k"], "v": state["v"], "pos": pos + T}
+        y = self._attend(q, k, v, pos, key_start)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C)), state
+
+    def _attend(self, q, k, v, query_start: int, key_start: int) -> torch.Tensor:
+        T, S = q.shape[2], k.shape[2]
+        if self.window is None and T == S:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if T == 1:
+            # the caller sliced the cache to exactly the keys this query may see
+            return F.scaled_dot_product_attention(q, k, v)
+        query_pos = query_start + torch.arange(T, device=q.device)[:, None]
+        key_pos = key_start + torch.arange(S, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+        if self.window is not None:
+            mask = mask & (query_pos - key_pos < self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution over time followed by SiLU; its state is the last
+    conv_size - 1 inputs, (B, channels, conv_size - 1)."""
+
+    def __init__(self, channels: int, conv_size: int):
+        super().__init__()
+        self.conv_size = conv_size
+        self.weight = nn.Parameter(torch.empty(channels, 1, conv_size))
+        nn.init.uniform_(self.weight, -conv_size ** -0.5, conv_size ** -0.5)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+        B, T, channels = x.shape
+        x = x.transpose(1, 2)
+        if state is None:
+            state = x.new_zeros(B, channels, self.conv_size - 1)
+        # (B, channels, conv_size - 1 + T): the past inputs stand in for zero padding
+        x = torch.cat([state.to(x.dtype), x], dim=-1)
+        y = F.conv1d(x, self.weight, groups=channels)
+        return F.silu(y).transpose(1, 2), x[:, :, -(self.conv_size - 1):]
+
+
+class RWKV7TimeMix(nn.Module):
+    """RWKV-7 time mixing: token shift, data-dependent decay w, in-context learning rate a_lr,
+    the generalized delta update with a = -kk, b = kk * a_lr, per-head norm, the r.k bonus and
+    an output gate. (The cross-layer value residual of RWKV-7 is left out.)"""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        C, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.kernel, self.chunk_size = cfg.kernel, cfg.chunk_size
+        rank = max(8, C // 16)
+        depth = layer / max(1, cfg.n_layers - 1)
+        channel = torch.arange(C, dtype=torch.float32) / C
+        # token-shift interpolation per channel for r, w, k, v, a, g; deeper layers shift less
+        powers = torch.tensor([0.2, 0.9, 0.9, 0.4, 0.9, 0.2]) * (1 - layer / cfg.n_layers)
+        self.shift_mix = nn.Parameter(1 - channel[None, :] ** powers[:, None])
+        self.receptance = nn.Linear(C, C, bias=False)
+        self.key = nn.Linear(C, C, bias=False)
+        self.value = nn.Linear(C, C, bias=False)
+        # decay from slow (first channels) to fast, slower on average in deeper layers
+        self.decay_base = nn.Parameter(-7 + 5 * channel ** (0.85 + depth ** 0.5) + 0.5)
+        self.decay_down = nn.Linear(C, rank, bias=False)
+        self.decay_up = nn.Linear(rank, C, bias=False)
+        self.lr_base = nn.Parameter(torch.zeros(C))
+        self.lr_down = nn.Linear(C, rank, bias=False)
+        self.lr_up = nn.Linear(rank, C, bias=False)
+        self.gate_down = nn.Linear(C, rank, bias=False)
+        self.gate_up = nn.Linear(rank, C, bias=False)
+        self.k_k = nn.Parameter(torch.full((C,), 0.85))
+        self.k_a = nn.Parameter(torch.ones(C))
+        self.r_k = nn.Parameter(torch.zeros(self.n_heads, self.head_dim))
+        self.norm_weight = nn.Parameter(torch.ones(C))
+        self.norm_bias = nn.Parameter(torch.zeros(C))
+        self.out_proj = nn.Linear(C, C, bias=False)
+
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+        H, D = self.n_heads, self.head_dim
+        return {"shift": torch.zeros(batch, H * D, device=device, dtype=dtype),
+                "wkv": torch.zeros(batch, H, D, D, device=device, dtype=state_dtype(dtype))}
+
+    def forward(self, x: torch.Tensor, state: dict | None = None):
+        B, T, C = x.shape
+        H, D = self.n_heads, self.head_dim
+        previous = x.new_zeros(B, 1, C) if state is None else state["shift"][:, None].to(x.dtype)
+        # (B, T, C): x_{t-1} - x_t
+        shift = torch.cat([previous, x[:, :-1]], dim=1) - x
+        xr, xw, xk, xv, xa, xg = (x + shift * mix for mix in self.shift_mix)
+        r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
+        # log decay in (-exp(-0.5), 0): every channel forgets at least a little, never all at once
+        w = -torch.exp(-F.softplus(-(self.decay_base + self.decay_up(torch.tanh(self.decay_down(xw)))))
+                       - 0.5)
+        lr = torch.sigmoid(self.lr_base + self.lr_up(self.lr_down(xa)))
+        gate = self.gate_up(torch.sigmoid(self.gate_down(xg)))
+        kk = F.normalize((k * self.k_k).view(B, T, H, D), dim=-1)
+        k = k * (1 + (lr - 1) * self.k_a)
+        r, w, k, v, lr = (t.view(B, T, H, D) for t in (r, w, k, v, lr))
+        initial = None if state is None else state["wkv"]
+        if state is not None and T == 1:
+            o, wkv = rwkv7_one_token(r[:, 0], w[:, 0], k[:, 0], v[:, 0], -kk[:, 0],
+                                     (kk * lr)[:, 0], initial, kernel=self.kernel)
+            o = o[:, None]
+        else:
+            o, wkv = rwkv7(r, w, k, v, -kk, kk * lr, kernel=self.kernel, chunk_size=self.chunk_size,
+                           initial_state=initial, output_final_state=state is not None)
+        o = F.group_norm(o.reshape(B * T, C), H, self.norm_weight, self.norm_bias, eps=64e-5)
+        bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v
+        y = self.out_proj((o.view(B, T, C) + bonus.reshape(B, T, C)) * gate)
+        return y, (None if state is None else {"shift": x[:, -1], "wkv": wkv})
+
+
+class DeltaNet(nn.Module):
+    """Gated DeltaNet: L2-normalised q and k, beta = sigmoid(.), per-head log decay
+    g = -exp(A_log) * softplus(. + dt_bias), an optional short causal convolution on q, k, v, and a
+    gated per-head RMSNorm on the output. `hierarchical` keeps a fast and a slow state per head
+    (the same q, k, v, decays initialised apart) and mixes their outputs by a learned gate."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.kernel, self.chunk_size = cfg.kernel, cfg.chunk_size
+        self.hierarchical, self.norm_eps = cfg.hierarchical, cfg.norm_eps
+        # one recurrent state per head, two (fast, then slow) when hierarchical
+        n_states = 2 * self.n_heads if cfg.hierarchical else self.n_heads
+        self.qkv = nn.Linear(C, 3 * C, bias=False)
+        self.conv = ShortConv(3 * C, cfg.conv_size) if cfg.short_conv else None
+        self.beta_proj = nn.Linear(C, n_states, bias=False)
+        self.decay_proj = nn.Linear(C, n_states, bias=False)
+        # decay rates A: fast states in [1, 16] (Mamba-2's range), slow states in [0.01, 0.1]
+        fast = torch.empty(self.n_heads).uniform_(1, 16)
+        slow = torch.empty(self.n_heads).uniform_(0.01, 0.1)
+        self.A_log = nn.Parameter(torch.cat([fast, slow] if cfg.hierarchical else [fast]).log())
+        # time steps in [1e-3, 1e-1], stored through the inverse of softplus
+        dt = torch.exp(torch.empty(n_states).uniform_(math.log(1e-3), math.log(1e-1)))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.mix_proj = nn.Linear(C, self.n_heads, bias=False) if cfg.hierarchical else None
+        self.gate_proj = nn.Linear(C, C, bias=False)
+        self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
+        self.out_proj = nn.Linear(C, C, bias=False)
+
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+        n_states = self.A_log.numel()
+        D = self.head_dim
+        conv = None
+        if self.conv is not None:
+            conv = torch.zeros(batch, 3 * self.n_heads * D, self.conv.conv_size - 1,
+                               device=device, dtype=dtype)
+        return {"conv": conv,
+                "S": torch.zeros(batch, n_states, D, D, device=device, dtype=state_dtype(dtype))}
+
+    def forward(self, x: torch.Tensor, state: dict | None = None):
+        B, T, C = x.shape
+        H, D = self.n_heads, self.head_dim
+        qkv, conv_state = self.qkv(x), None
+        if self.conv is not None:
+            qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
+        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        # (B, T, n_states)
+        beta = torch.sigmoid(self.beta_proj(x))
+        g = -self.A_log.exp() * F.softplus(self.decay_proj(x) + self.dt_bias)
+        if self.hierarchical:
+            # fast and slow states read and write the same q, k, v: stack them as extra heads
+            q, k, v = (torch.cat([t, t], dim=2) for t in (q, k, v))
+        initial = None if state is None else state["S"]
+        if state is not None and T == 1:
+            o, S = delta_rule_one_token(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], initial,
+                                        kernel=self.kernel)
+            o = o[:, None]
+        else:
+            o, S = delta_rule(q, k, v, beta, g, kernel=self.kernel, chunk_size=self.chunk_size,
+                              initial_state=initial, output_final_state=state is not None)
+        if self.hierarchical:
+            fast, slow = o.chunk(2, dim=2)
+            mix = torch.sigmoid(self.mix_proj(x))[..., None]
+            o = mix * fast + (1 - mix) * slow
+        # (B, T, H, D)
+        o = F.rms_norm(o, (D,), self.norm_weight, self.norm_eps)
+        o = o * F.silu(self.gate_proj(x)).view(B, T, H, D)
+        y = self.out_proj(o.reshape(B, T, C))
+        return y, (None if state is None else {"conv": conv_state, "S": S})
+
+
+def make_mixer(cfg: ModelConfig, layer: int) -> nn.Module:
+    """The token mixer named by cfg.mixer."""
+    if cfg.mixer == "attention":
+        return Attention(cfg)
+    if cfg.mixer == "rwkv7":
+        return RWKV7TimeMix(cfg, layer)
+    if cfg.mixer == "deltanet":
+        return DeltaNet(cfg)
+    raise ValueError(f"mixer: unknown mixer {cfg.mixer!r}, expected attention, rwkv7 or deltanet")

@@ -1,0 +1,341 @@
+"""The LTM decoder: a LLaMA-style stack (RMSNorm, RoPE, SwiGLU MLP, tied embeddings) whose token
+mixer is softmax attention, RWKV-7 or (hierarchical) gated DeltaNet, and whose every layer can
+cross-attend to its own slice of latent thought vectors z.
+
+    model = LTM(ModelConfig(vocab_size=2048, mixer="deltanet"))
+    logits, loss = model(idx, targets, z=z)          # idx (B, T); z (B, n_layers * n_latent, C)
+    out = model.generate(idx, z=z, max_new_tokens=64, temperature=0)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ltm.mixers import check_kernel, make_mixer
+from ltm.params import ParamsError, check
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The `model:` section of params.yaml. Defaults: a tiny model that trains on a CPU."""
+
+    # 0 = taken from the tokenizer by the train stage; must be > 0 to build a model
+    vocab_size: int = 0
+    # token mixer of every layer
+    mixer: Literal["attention", "rwkv7", "deltanet"] = "attention"
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    # hidden width of the SwiGLU MLP; null = 8/3 * d_model rounded up to a multiple of 64
+    d_ff: int | None = None
+    # longest sequence: size of the RoPE table and of the KV cache
+    max_seq_len: int = 256
+    # attention only: each token sees itself and window - 1 earlier tokens; null = all
+    window: int | None = None
+    # implementation of the linear recurrences: naive (token by token), torch (chunked),
+    # triton (our kernels) or fla (flash-linear-attention, if installed)
+    kernel: Literal["naive", "torch", "triton", "fla"] = "torch"
+    # tokens per chunk of the chunked forms
+    chunk_size: int = 64
+    # deltanet: depthwise causal convolution of width conv_size on q, k, v
+    short_conv: bool = True
+    conv_size: int = 4
+    # deltanet: a fast and a slow state per head, mixed by a learned gate
+    hierarchical: bool = False
+    # latent thought vectors per layer (0 = a plain language model)
+    n_latent: int = 0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    # recompute each block in the backward pass instead of storing its activations
+    checkpointing: bool = False
+    # std of the normal init of linear and embedding weights
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        check(self.vocab_size >= 0, "vocab_size", f"must be >= 0, got {self.vocab_size}")
+        check(self.mixer in ("attention", "rwkv7", "deltanet"), "mixer",
+              f"expected 'attention', 'rwkv7' or 'deltanet', got {self.mixer!r}")
+        check(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
+        check(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
+        check(self.d_model >= 1 and self.d_model % self.n_heads == 0, "d_model",
+              f"must be a positive multiple of n_heads={self.n_heads}, got {self.d_model}")
+        check(self.mixer != "attention" or (self.d_model // self.n_heads) % 2 == 0, "d_model",
+              f"attention needs an even head size for RoPE, got d_model / n_heads = "
+              f"{self.d_model // self.n_heads}")
+        check(self.d_ff is None or self.d_ff >= 1, "d_ff", f"must be >= 1 or null, got {self.d_ff}")
+        check(self.max_seq_len >= 1, "max_seq_len", f"must be >= 1, got {self.max_seq_len}")
+        check(self.window is None or self.window >= 1, "window",
+              f"must be >= 1 or null, got {self.window}")
+        check(self.window is None or self.mixer == "attention", "window",
+              f"applies to mixer 'attention' only, set it to null for mixer {self.mixer!r}")
+        check(self.kernel in ("naive", "torch", "triton", "fla"), "kernel",
+              f"expected 'naive', 'torch', 'triton' or 'fla', got {self.kernel!r}")
+        check(self.chunk_size >= 1, "chunk_size", f"must be >= 1, got {self.chunk_size}")
+        check(self.conv_size >= 2, "conv_size", f"must be >= 2, got {self.conv_size}")
+        check(not self.hierarchical or self.mixer == "deltanet", "hierarchical",
+              f"applies to mixer 'deltanet' only, not {self.mixer!r}")
+        check(self.n_latent >= 0, "n_latent", f"must be >= 0, got {self.n_latent}")
+        check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
+        check(self.init_std > 0, "init_std", f"must be > 0, got {self.init_std}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        """Width of the SwiGLU MLP."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.hidden_dim, bias=False)
+        self.out_proj = nn.Linear(cfg.hidden_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.out_proj(F.silu(gate) * up)
+
+
+class LatentCrossAttention(nn.Module):
+    """Tokens (queries) attend to the layer's n_latent thought vectors (keys and values), no mask
+    and no positions: every token sees every latent."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.latent_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def latent_kv(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, n_latent, D) of the latents z (B, n_latent, C); generation
+        computes them once."""
+        B, L, _ = z.shape
+        k, v = self.kv_proj(self.latent_norm(z)).view(B, L, 2, self.n_heads, self.head_dim).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, *kv)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: token mixer, then (with latents) cross-attention, then MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.mixer_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mixer = make_mixer(cfg, layer)
+        self.cross_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.n_latent > 0 else None
+        self.cross = LatentCrossAttention(cfg) if cfg.n_latent > 0 else None
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, latent_kv=None, state: dict | None = None):
+        y, state = self.mixer(self.mixer_norm(x), state)
+        x = x + y
+        if latent_kv is not None:
+            x = x + self.cross(self.cross_norm(x), latent_kv)
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, state
+
+
+@dataclasses.dataclass
+class Cache:
+    """What cached generation carries from one call to the next (see LTM.new_cache)."""
+
+    # one mixer state per layer: KV cache, or recurrent state plus token-shift / conv inputs
+    states: list[dict]
+    # per layer, the latents' cross-attention keys and values, or None without z
+    latent_kv: list[tuple[torch.Tensor, torch.Tensor]] | None
+    # tokens consumed so far
+    pos: int = 0
+
+
+class LTM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ParamsError("model.vocab_size: must be > 0 to build a model (0 means: set it from "
+                              "the tokenizer)")
+        try:
+            check_kernel(cfg.kernel)
+        except ValueError as err:
+            raise ParamsError(f"model.{err}") from None
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # tied embeddings: the head reads logits off the embedding table
+        self.lm_head.weight = self.embed.weight
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+        # every residual branch ends in an out_proj: scale those so the residual stream's
+        # variance does not grow with depth (GPT-2)
+        for name, param in self.named_parameters():
+            if name.endswith("out_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+
+    def _latent_slices(self, z: torch.Tensor | None, batch: int) -> list | None:
+        """z (B, n_layers * n_latent, C) as one (B, n_latent, C) slice per layer."""
+        if z is None:
+            return None
+        cfg = self.cfg
+        if cfg.n_latent == 0:
+            raise ValueError("z: given, but model.n_latent is 0 (a plain language model)")
+        expected = (batch, cfg.n_layers * cfg.n_latent, cfg.d_model)
+        if tuple(z.shape) != expected:
+            raise ValueError(f"z: expected shape {expected} (B, n_layers * n_latent, d_model), "
+                             f"got {tuple(z.shape)}")
+        return list(z.split(cfg.n_latent, dim=1))
+
+    def hidden(self, idx: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states (B, T, d_model) of tokens idx (B, T), whole sequence in
+        parallel; z (B, n_layers * n_latent, d_model) or None (no cross-attention)."""
+        B, T = idx.shape
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"idx: length {T} is longer than model.max_seq_len={self.cfg.max_seq_len}")
+        latents = self._latent_slices(z, B)
+        x = self.embed(idx)
+        for layer, block in enumerate(self.blocks):
+            kv = None if latents is None else block.cross.latent_kv(latents[layer])
+            if self.cfg.checkpointing and torch.is_grad_enabled():
+                x, _ = checkpoint(block, x, kv, use_reentrant=False)
+            else:
+                x, _ = block(x, kv)
+        return self.final_norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, vocab) of idx (B, T) and, given targets (B, T) (-1 = ignored), the mean
+        cross-entropy loss."""
+        logits = self.lm_head(self.hidden(idx, z))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def new_cache(self, batch: int, z: torch.Tensor | None = None) -> Cache:
+        """Empty generation state for `batch` sequences: preallocated KV caches or zero recurrent
+        states, and the latents' keys and values computed once."""
+        weight = self.embed.weight
+        latents = self._latent_slices(z, batch)
+        latent_kv = None
+        if latents is not None:
+            latent_kv = [block.cross.latent_kv(latents[i]) for i, block in enumerate(self.blocks)]
+        states = [block.mixer.init_state(batch, weight.device, weight.dtype) for block in self.blocks]
+        return Cache(states=states, latent_kv=latent_kv)
+
+    def forward_cached(self, idx: torch.Tensor, cache: Cache, last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, vocab) of idx (B, T) continuing from `cache`, which is advanced by T
+        tokens: T > 1 is a parallel prefill, T == 1 one decoding step. last_only: logits of the
+        last position only, (B, 1, vocab)."""
+        T = idx.shape[1]
+        if cache.pos + T > self.cfg.max_seq_len:
+            raise ValueError(f"idx: generation would reach position {cache.pos + T}, past "
+                             f"model.max_seq_len={self.cfg.max_seq_len}")
+        x = self.embed(idx)
+        for layer, block in enumerate(self.blocks):
+            kv = None if cache.latent_kv is None else cache.latent_kv[layer]
+            x, cache.states[layer] = block(x, kv, cache.states[layer])
+        cache.pos += T
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.final_norm(x))
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, z: torch.Tensor | None = None, max_new_tokens: int = 64,
+                 temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens). The
+        prompt is prefilled once in parallel, then each token is one step from the cache.
+        temperature 0 = greedy; top_k keeps the k most likely tokens."""
+        if max_new_tokens < 0 or temperature < 0:
+            raise ValueError(f"max_new_tokens and temperature must be >= 0, got {max_new_tokens} "
+                             f"and {temperature}")
+        cache = self.new_cache(idx.shape[0], z)
+        logits = self.forward_cached(idx, cache, last_only=True)
+        tokens = [idx]
+        for step in range(max_new_tokens):
+            tokens.append(sample(logits[:, -1], temperature, top_k, generator))
+            if step + 1 < max_new_tokens:
+                logits = self.forward_cached(tokens[-1], cache)
+        return torch.cat(tokens, dim=1)
+
+    @torch.no_grad()
+    def generate_uncached(self, idx: torch.Tensor, z: torch.Tensor | None = None,
+                          max_new_tokens: int = 64, temperature: float = 1.0,
+                          top_k: int | None = None,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+        """The slow reference of `generate`: the whole sequence is recomputed for every token."""
+        for _ in range(max_new_tokens):
+            logits = self.lm_head(self.hidden(idx, z)[:, -1])
+            idx = torch.cat([idx, sample(logits, temperature, top_k, generator)], dim=1)
+        return idx
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; non_embedding leaves out the (tied) token embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per token at sequence length seq_len, for MFU:
+
+            6 * N + 6 * d_model * vocab + L * mixer term + L * 12 * d_model * n_latent
+
+        N the non-embedding parameters (2 FLOPs per weight per token forward, 4 backward), the tied
+        head's matmul (its weight is the embedding, so not in N), and per layer:
+        attention 12 * d_model * context (PaLM's count: q.k and p.v over the context, not halved
+        for causality), context = min(seq_len, window); rwkv7 and deltanet 18 * n_states * D * D
+        (the state is read, written and queried once per token, 2 * D * D FLOPs each, times 3 for
+        forward + backward; n_states = 2 * n_heads when hierarchical); with latents the
+        cross-attention over n_latent vectors, 12 * d_model * n_latent."""
+        cfg = self.cfg
+        if cfg.mixer == "attention":
+            context = seq_len if cfg.window is None else min(seq_len, cfg.window)
+            mixer = 12 * cfg.d_model * context
+        else:
+            n_states = 2 * cfg.n_heads if cfg.hierarchical else cfg.n_heads
+            mixer = 18 * n_states * cfg.head_dim ** 2
+        latent = 12 * cfg.d_model * cfg.n_latent
+        return (6 * self.num_params(non_embedding=True) + 6 * cfg.d_model * cfg.vocab_size
+                + cfg.n_layers * (mixer + latent))
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token (B, 1) from logits (B, vocab): argmax when temperature == 0."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)

@@ -1,0 +1,160 @@
+"""The report stage: one self-contained HTML page (tables and seaborn figures embedded) built from
+the metrics JSON and plot CSVs that the other stages wrote."""
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import json
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+import torch  # noqa: E402
+
+from ltm.params import load_section  # noqa: E402
+
+
+@dataclass
+class ReportConfig:
+    title: str = "ltm workbook"
+    dpi: int = 110  # resolution of the embedded figures
+
+
+@dataclass
+class Section:
+    title: str
+    tables: list[pd.DataFrame]
+    figures: list[plt.Figure]
+    note: str = ""
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _read_csv(path: Path) -> pd.DataFrame | None:
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def _missing(title: str, stage: str) -> Section:
+    return Section(title, [], [], f"No results: the {stage} stage has not written its metrics.")
+
+
+def _flat_table(metrics: dict) -> pd.DataFrame:
+    flat = pd.json_normalize(metrics, sep=".").T
+    flat.columns = ["value"]
+    return flat
+
+
+def data_section(metrics_dir: Path) -> Section:
+    metrics = _read_json(metrics_dir / "tokenize.json")
+    if metrics is None:
+        return _missing("Data", "tokenize")
+    return Section("Data", [_flat_table(metrics)], [])
+
+
+def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
+    metrics, curve = _read_json(metrics_dir / "train.json"), _read_csv(plots_dir / "train_loss.csv")
+    if metrics is None:
+        return _missing("Training", "train")
+    figures = []
+    if curve is not None and len(curve):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        sns.lineplot(data=curve, x="step", y="loss", hue="split", marker=".", ax=ax)
+        ax.set_title("loss per step")
+        figures.append(fig)
+    return Section("Training", [_flat_table(metrics)], figures)
+
+
+def ablate_figure(table: pd.DataFrame) -> plt.Figure:
+    """Speed-up and validation loss of each switch, side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(table) + 1.5), sharey=True)
+    sns.barplot(data=table, y="switch", x="speedup", ax=axes[0], color="tab:blue")
+    axes[0].axvline(1.0, color="black", linewidth=0.8)
+    axes[0].set_title("tokens/s relative to the baseline")
+    sns.barplot(data=table, y="switch", x="val_loss", ax=axes[1], color="tab:orange")
+    axes[1].set_title("validation loss after the same steps")
+    fig.tight_layout()
+    return fig
+
+
+def ablate_section(plots_dir: Path) -> Section:
+    table = _read_csv(plots_dir / "ablate.csv")
+    if table is None:
+        return _missing("Speed switches", "ablate")
+    note = ("Each switch is flipped alone on top of the baseline and trained for the same number "
+            "of steps; quality is preserved where the validation loss stays within the tolerance.")
+    return Section("Speed switches", [table], [ablate_figure(table)], note)
+
+
+def benchmark_section(plots_dir: Path) -> Section:
+    table = _read_csv(plots_dir / "benchmark.csv")
+    if table is None:
+        return _missing("Benchmarks", "benchmark")
+    figures = []
+    for group, rows in table.groupby("group", sort=False):
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        sns.barplot(data=rows, y="case", x="ms", hue="impl", ax=ax)
+        ax.set_xscale("log")
+        ax.set_title(f"{group}: milliseconds (log scale, lower is better)")
+        fig.tight_layout()
+        figures.append(fig)
+    return Section("Benchmarks", [table], figures)
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+            "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _figure_html(fig: plt.Figure, dpi: int) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f'<img alt="figure" src="data:image/png;base64,{encoded}">'
+
+
+def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str:
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             "<p class=env>" + " · ".join(f"{k}: {html.escape(str(v))}" for k, v in env.items()) + "</p>"]
+    for section in sections:
+        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if section.note:
+            parts.append(f"<p>{html.escape(section.note)}</p>")
+        parts += [_figure_html(fig, dpi) for fig in section.figures]
+        parts += [table.to_html(float_format=lambda x: f"{x:.4g}", border=0) for table in section.tables]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
+             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
+             ".env{color:#666;font-size:0.85em}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def report_stage(params_path: str | Path = "params.yaml", metrics_dir: str | Path = "reports/metrics",
+                 plots_dir: str | Path = "reports/plots",
+                 output: str | Path = "reports/report.html") -> list[Section]:
+    """Build the report from whatever the stages wrote; returns the sections for the notebook."""
+    cfg = load_section(ReportConfig, "report", params_path)
+    metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
+    sns.set_theme(style="whitegrid")
+    sections = [data_section(metrics_dir), train_section(metrics_dir, plots_dir),
+                ablate_section(plots_dir), benchmark_section(plots_dir)]
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(render_html(cfg.title, sections, environment(), cfg.dpi))
+    return sections
