@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ltm.ops.delta_rule.naive import naive_delta_rule
+from ltm.ops.delta_rule.step import delta_rule_step
 from ltm.ops.rwkv7.naive import naive_rwkv7
+from ltm.ops.rwkv7.step import rwkv7_step
 
 if TYPE_CHECKING:
     from ltm.model import ModelConfig
@@ -72,8 +74,7 @@ def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
         o, state = naive_delta_rule(q[:, None], k[:, None], v[:, None], beta[:, None], g[:, None],
                                     initial_state=state, output_final_state=True)
         return o[:, 0], state
-    from ltm.ops.delta_rule.step import delta_rule_step
-    return delta_rule_step(q, k, v, beta, g, q.shape[-1] ** -0.5, state)
+    return delta_rule_step(q, k, v, beta, g, scale=q.shape[-1] ** -0.5, state=state)
 
 
 def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
@@ -107,8 +108,7 @@ def rwkv7_one_token(r, w, k, v, a, b, state, *, kernel: str):
         o, state = naive_rwkv7(*(x[:, None] for x in (r, w, k, v, a, b)),
                                initial_state=state, output_final_state=True)
         return o[:, 0], state
-    from ltm.ops.rwkv7.step import rwkv7_step
-    return rwkv7_step(r, w, k, v, a, b, state)
+    return rwkv7_step(r, w, k, v, a, b, state=state)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -32,6 +32,7 @@ def run_notebook(source: str | Path, output: str | Path, parameters: dict | None
         jupytext.write(notebook, unexecuted)
         papermill.execute_notebook(
             str(unexecuted), str(output), parameters=parameters or {}, kernel_name=KERNEL_NAME,
+            language="python",
             cwd=str(cwd), log_output=log_output, progress_bar=False)
 
 

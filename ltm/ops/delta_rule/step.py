@@ -47,6 +47,7 @@ def delta_rule_step(
     B, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
+    out_dtype = v.dtype
     dtype = torch.promote_types(q.dtype, torch.float32)
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     if state is None:
@@ -59,4 +60,4 @@ def delta_rule_step(
     delta = beta[..., None] * (v - recalled)
     state = state + k[..., :, None] * delta[..., None, :]
     o = torch.einsum("bhk,bhkv->bhv", q * scale, state)
-    return o.to(v.dtype), state
+    return o.to(out_dtype), state

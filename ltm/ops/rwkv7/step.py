@@ -42,6 +42,7 @@ def rwkv7_step(
     _check_step_shapes(r, w, k, v, a, b, state)
     B, H, K = r.shape
     V = v.shape[-1]
+    out_dtype = v.dtype
     dtype = torch.promote_types(r.dtype, torch.float32)
     r, w, k, v, a, b = (x.to(dtype) for x in (r, w, k, v, a, b))
     if state is None:
@@ -53,4 +54,4 @@ def rwkv7_step(
              + b[..., :, None] * sa[..., None, :]
              + k[..., :, None] * v[..., None, :])
     o = torch.einsum("bhk,bhkv->bhv", r, state)
-    return o.to(v.dtype), state
+    return o.to(out_dtype), state

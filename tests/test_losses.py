@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from ltm.losses import IGNORE_INDEX, chunked_cross_entropy, cross_entropy_reference
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30))
+
+
+def make_inputs(seed: int, B: int, T: int, D: int, V: int, dtype=torch.float32, ignored: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, D, generator=gen).to(dtype).requires_grad_()
+    weight = (torch.randn(V, D, generator=gen) * D ** -0.5).to(dtype).requires_grad_()
+    targets = torch.randint(V, (B, T), generator=gen)
+    if ignored:
+        targets[torch.rand(B, T, generator=gen) < 0.3] = IGNORE_INDEX
+    return hidden, weight, targets
+
+
+def loss_and_grads(loss_fn, hidden, weight, targets, **kwargs):
+    h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    loss = loss_fn(h, w, targets, **kwargs)
+    grad_out = torch.rand(()) + 0.5
+    (loss * grad_out).backward()
+    return loss.detach(), h.grad, w.grad
+
+
+# chunk_rows None = the default; 7 does not divide B*T; 1000 > B*T is a single chunk
+@pytest.mark.parametrize("B,T,D,V,chunk_rows", [
+    (2, 63, 32, 257, None), (3, 17, 24, 1000, 7), (1, 5, 16, 50, 1000), (2, 33, 40, 97, 1)],
+    ids=lambda v: str(v))
+@pytest.mark.parametrize("ignored", [False, True], ids=["all-targets", "some-ignored"])
+def test_matches_cross_entropy_forward_and_backward(B, T, D, V, chunk_rows, ignored):
+    seed = int(torch.randint(0, 2**31, (1,)))
+    hidden, weight, targets = make_inputs(seed, B, T, D, V, ignored=ignored)
+    torch.manual_seed(seed)
+    ref = loss_and_grads(cross_entropy_reference, hidden, weight, targets)
+    torch.manual_seed(seed)
+    out = loss_and_grads(chunked_cross_entropy, hidden, weight, targets, chunk_rows=chunk_rows)
+    for name, a, b in zip(("loss", "d hidden", "d weight"), out, ref):
+        # float32 throughout; only the summation order differs
+        assert rel_err(a, b) < 1e-5, f"{name}: rel err {rel_err(a, b):.2e} (seed {seed})"
+
+
+def test_bfloat16_under_autocast_is_close_to_float32():
+    seed = int(torch.randint(0, 2**31, (1,)))
+    hidden, weight, targets = make_inputs(seed, 2, 40, 64, 300)
+    torch.manual_seed(seed)
+    ref = loss_and_grads(cross_entropy_reference, hidden, weight, targets)
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = loss_and_grads(chunked_cross_entropy, hidden, weight, targets, chunk_rows=16)
+    assert out[0].dtype == torch.float32 and out[2].dtype == torch.float32
+    for name, a, b in zip(("loss", "d hidden", "d weight"), out, ref):
+        # bf16 operands carry 8 bits of mantissa: about 0.4% per element, less in the norm
+        assert rel_err(a, b) < 2e-2, f"{name}: rel err {rel_err(a, b):.2e} (seed {seed})"
+
+
+def test_only_gradients_are_kept_for_backward_never_full_logits():
+    B, T, D, V = 2, 64, 16, 512
+    hidden, weight, targets = make_inputs(int(torch.randint(0, 2**31, (1,))), B, T, D, V)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        chunked_cross_entropy(hidden, weight, targets, chunk_rows=8).backward()
+    assert saved and max(saved) <= max(B * T * D, V * D), f"saved tensors of sizes {saved}"
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        cross_entropy_reference(hidden, weight, targets)
+    # the check can fail: the plain loss does keep (N, V) logits
+    assert max(saved) >= B * T * V
+
+
+def test_no_grad_evaluation_returns_the_same_loss():
+    hidden, weight, targets = make_inputs(int(torch.randint(0, 2**31, (1,))), 2, 9, 8, 31)
+    with torch.no_grad():
+        loss = chunked_cross_entropy(hidden, weight, targets, chunk_rows=4)
+        ref = cross_entropy_reference(hidden, weight, targets)
+    assert rel_err(loss, ref) < 1e-6
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(targets=torch.zeros(2, 4, dtype=torch.int64)), "targets: expected shape"),
+    (dict(weight=torch.zeros(10, 7)), "weight: expected shape"),
+    (dict(targets=torch.zeros(2, 5, dtype=torch.int32)), "targets: expected dtype"),
+    (dict(chunk_rows=0), "chunk_rows"),
+], ids=["target-shape", "weight-shape", "target-dtype", "chunk-rows"])
+def test_bad_input_gives_one_line_error(bad, match):
+    args = dict(hidden=torch.zeros(2, 5, 8), weight=torch.zeros(10, 8),
+                targets=torch.zeros(2, 5, dtype=torch.int64), chunk_rows=None)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        chunked_cross_entropy(**args)
