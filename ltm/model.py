@@ -280,6 +280,11 @@ class LTM(nn.Module):
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens and temperature must be >= 0, got {max_new_tokens} "
                              f"and {temperature}")
+        # the last sampled token is never fed back, so it needs no position
+        last = idx.shape[1] + max(max_new_tokens - 1, 0)
+        if last > self.cfg.max_seq_len:
+            raise ValueError(f"max_new_tokens: generation would reach position {last}, past "
+                             f"model.max_seq_len={self.cfg.max_seq_len}")
         cache = self.new_cache(idx.shape[0], z)
         logits = self.forward_cached(idx, cache, last_only=True)
         tokens = [idx]

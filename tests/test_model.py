@@ -157,7 +157,10 @@ def test_sampled_generate_matches_uncached_loop_and_respects_top_k():
 def test_generation_past_max_seq_len_is_refused():
     model = tiny(MIXERS["rwkv7"])
     with pytest.raises(ValueError, match="past model.max_seq_len=48"):
-        model.generate(torch.zeros(1, 40, dtype=torch.long), max_new_tokens=9, temperature=0)
+        model.generate(torch.zeros(1, 40, dtype=torch.long), max_new_tokens=10, temperature=0)
+    # the last new token is never fed back: 40 + 9 tokens fit in 48 positions
+    assert model.generate(torch.zeros(1, 40, dtype=torch.long), max_new_tokens=9,
+                          temperature=0).shape == (1, 49)
 
 
 def test_latents_are_used_and_checked():
