@@ -51,9 +51,9 @@ def resume_mismatch(checkpoint: dict, model_cfg: dict, train_cfg: dict, world_si
     for section, now, then in (("model", model_cfg, checkpoint.get("model_cfg", {})),
                                ("train", train_cfg, checkpoint.get("train_cfg", {}))):
         skip = RESUMABLE_CHANGES if section == "train" else ()
-        for key, path_now, path_then in _differences(now, then, section):
-            if key not in skip:
-                return f"{key} was {path_then!r}, now {path_now!r}"
+        for key, value_now, value_then in _differences(now, then, section):
+            if key.split(".", 1)[1] not in skip:
+                return f"{key} was {value_then!r}, now {value_now!r}"
     return None
 
 
@@ -63,7 +63,7 @@ def _differences(now: Any, then: Any, prefix: str):
         for key in sorted(set(now) | set(then)):
             yield from _differences(now.get(key), then.get(key), f"{prefix}.{key}")
     elif now != then:
-        yield prefix.split(".", 1)[-1], now, then
+        yield prefix, now, then
 
 
 def rng_state() -> dict:

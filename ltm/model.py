@@ -239,7 +239,9 @@ class LTM(nn.Module):
         logits = self.lm_head(self.hidden(idx, z))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        # the loss in at least float32, also under bf16 autocast
+        wide = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
+        loss = F.cross_entropy(wide, targets.flatten(), ignore_index=-1)
         return logits, loss
 
     def new_cache(self, batch: int, z: torch.Tensor | None = None) -> Cache:
@@ -313,15 +315,18 @@ class LTM(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token at sequence length seq_len, for MFU:
 
-            6 * N + 6 * d_model * vocab + L * mixer term + L * 12 * d_model * n_latent
+            6 * N + 6 * d_model * vocab + n_layers * (mixer + latents)
 
-        N the non-embedding parameters (2 FLOPs per weight per token forward, 4 backward), the tied
-        head's matmul (its weight is the embedding, so not in N), and per layer:
-        attention 12 * d_model * context (PaLM's count: q.k and p.v over the context, not halved
-        for causality), context = min(seq_len, window); rwkv7 and deltanet 18 * n_states * D * D
-        (the state is read, written and queried once per token, 2 * D * D FLOPs each, times 3 for
-        forward + backward; n_states = 2 * n_heads when hierarchical); with latents the
-        cross-attention over n_latent vectors, 12 * d_model * n_latent."""
+        N counts the weights applied to every token (non-embedding parameters except the
+        latents' key/value projections and norms): 2 FLOPs per weight forward, 4 backward. The
+        tied head's matmul is 6 * d_model * vocab (its weight is the embedding, not in N).
+        mixer, per layer: attention 12 * d_model * context with context = min(seq_len, window)
+        (PaLM's count: q.k and p.v over the whole context, not halved for causality); rwkv7 and
+        deltanet 18 * n_states * D * D (the D x D state is read, written and queried once per
+        token, 2 * D * D FLOPs each, times 3 for forward + backward; n_states = 2 * n_heads when
+        hierarchical). latents, per layer: the cross-attention, 12 * d_model * n_latent, plus the
+        latents' key/value projection, done once per sequence, 6 * 2 * d_model^2 * n_latent /
+        seq_len."""
         cfg = self.cfg
         if cfg.mixer == "attention":
             context = seq_len if cfg.window is None else min(seq_len, cfg.window)
@@ -329,9 +334,17 @@ class LTM(nn.Module):
         else:
             n_states = 2 * cfg.n_heads if cfg.hierarchical else cfg.n_heads
             mixer = 18 * n_states * cfg.head_dim ** 2
-        latent = 12 * cfg.d_model * cfg.n_latent
-        return (6 * self.num_params(non_embedding=True) + 6 * cfg.d_model * cfg.vocab_size
-                + cfg.n_layers * (mixer + latent))
+        per_token_params = self.num_params(non_embedding=True)
+        latents = 0.0
+        if cfg.n_latent > 0:
+            per_sequence = sum(p.numel() for block in self.blocks
+                               for p in (*block.cross.kv_proj.parameters(),
+                                         *block.cross.latent_norm.parameters()))
+            per_token_params -= per_sequence
+            kv_params = 2 * cfg.d_model ** 2
+            latents = 12 * cfg.d_model * cfg.n_latent + 6 * kv_params * cfg.n_latent / seq_len
+        return (6 * per_token_params + 6 * cfg.d_model * cfg.vocab_size
+                + cfg.n_layers * (mixer + latents))
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None,

@@ -51,10 +51,12 @@ def _chunk_terms(q, k, v, beta, g):
     """
     C, K = k.shape[-2], k.shape[-1]
     G = g.cumsum(-1)  # (B, H, N, C) cumulative log decay inside the chunk
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    # (B, H, N, C, C): exp(G_i - G_j) for j <= i, zero above the diagonal (masked before the exp)
-    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
     eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    # (B, H, N, C, C): exp(G_i - G_j) below the diagonal (masked before the exp), 1 on it, 0 above.
+    # The diagonal is set, not computed as exp(G_i - G_i): its gradients cancel exactly in theory
+    # but not in float32, where they would swamp the small dg of strongly decayed tokens.
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, float("-inf")).exp() + eye
     # d_i + sum_{j<i} beta_i exp(G_i - G_j) (k_i . k_j) d_j = beta_i v_i - beta_i exp(G_i) S^T k_i
     lower = eye + (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
     rhs = torch.cat([beta[..., None] * v, (beta * G.exp())[..., None] * k], dim=-1)
@@ -63,8 +65,10 @@ def _chunk_terms(q, k, v, beta, g):
     scores = (q @ k.transpose(-1, -2)) * decay  # (B, H, N, C, C)
     o_local = scores @ u
     q_eff = q * G.exp()[..., None] - scores @ w
-    # keys decayed to the end of the chunk: exp(G_C - G_j) k_j
-    k_end = k * (G[..., -1:] - G).exp()[..., None]
+    # keys decayed to the end of the chunk: exp(G_C - G_j) k_j, with G_C - G_j = sum_{l>j} g_l
+    # summed from the end so that it is exactly 0, without a gradient, for the last token
+    to_end = F.pad(g.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
+    k_end = k * to_end.exp()[..., None]
     M = G[..., -1, None, None].exp() * torch.eye(K, dtype=q.dtype, device=q.device)
     M = M - k_end.transpose(-1, -2) @ w  # (B, H, N, K, K)
     N = k_end.transpose(-1, -2) @ u  # (B, H, N, K, V)

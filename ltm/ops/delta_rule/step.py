@@ -18,8 +18,8 @@ def _check_step_shapes(q, k, v, beta, g, state) -> None:
     if g is not None and g.shape != (B, H):
         raise ValueError(f"g must be [B, H] = {(B, H)} or None, got {tuple(g.shape)}")
     if state is not None and state.shape != (B, H, K, v.shape[-1]):
-        raise ValueError(
-            f"state must be [B, H, K, V] = {(B, H, K, v.shape[-1])} or None, got {tuple(state.shape)}")
+        raise ValueError(f"state must be [B, H, K, V] = {(B, H, K, v.shape[-1])} or None, "
+                         f"got {tuple(state.shape)}")
 
 
 def delta_rule_step(

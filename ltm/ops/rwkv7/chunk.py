@@ -43,7 +43,10 @@ def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
 
 
 def _pair_decay(w_row: torch.Tensor, w_col: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, C, C, K): exp(w_row_i - w_col_j) where mask[i, j], else 0 (masked before the exp)."""
+    """(B, H, N, C, C, K): exp(w_row_i - w_col_j) where mask[i, j], else 0.
+
+    The mask is applied before the exp: the positive differences above it are never exponentiated.
+    """
     diff = w_row[..., :, None, :] - w_col[..., None, :, :]
     return diff.masked_fill(~mask[..., None], float("-inf")).exp()
 
@@ -58,21 +61,25 @@ def _chunk_terms(r, w, k, v, a, b):
     w_incl = w.cumsum(-2)  # (B, H, N, C, K) log decay up to and including token i
     w_excl = w_incl - w  # up to token i - 1: the transition reads a^T S before its own decay
     w_last = w_incl[..., -1:, :]  # (B, H, N, 1, K)
-    causal = torch.ones(C, C, dtype=torch.bool, device=r.device).tril()
-    # (B, H, N, C, C, K) weights for reading a token j's update back at token i
-    a_decayed = a[..., :, None, :] * _pair_decay(w_excl, w_incl, causal.tril(-1))
-    r_decayed = r[..., :, None, :] * _pair_decay(w_incl, w_incl, causal)
+    below = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)
+    eye = torch.eye(C, dtype=r.dtype, device=r.device)
+    # (B, H, N, C, C, K) weights for reading a token j's update back at token i. The diagonal
+    # decay of the outputs is set to 1, not computed as exp(W_i - W_i): its gradients cancel
+    # exactly in theory but not in float32, where they would swamp the small dw of strong decay.
+    a_decayed = a[..., :, None, :] * _pair_decay(w_excl, w_incl, below)
+    r_decayed = r[..., :, None, :] * (_pair_decay(w_incl, w_incl, below) + eye[..., None])
     a_b, a_k = (torch.einsum("...ijc,...jc->...ij", a_decayed, x) for x in (b, k))
     r_b, r_k = (torch.einsum("...ijc,...jc->...ij", r_decayed, x) for x in (b, k))
-    # s_i - sum_{j<i} (a_i . decay . b_j) s_j = sum_{j<i} (a_i . decay . k_j) v_j + (exp(W_{i-1}) a_i)^T S
-    eye = torch.eye(C, dtype=r.dtype, device=r.device)
+    # s_i - sum_{j<i} (a_i . decay_ij . b_j) s_j
+    #     = sum_{j<i} (a_i . decay_ij . k_j) v_j + (exp(W_{i-1}) a_i)^T S
     rhs = torch.cat([a_k @ v, a * w_excl.exp()], dim=-1)
     xy = torch.linalg.solve_triangular(eye - a_b, rhs, upper=False, unitriangular=True)
     x, y = xy[..., :v.shape[-1]], xy[..., v.shape[-1]:]  # s = x + y @ S
     o_local = r_b @ x + r_k @ v
     r_eff = r * w_incl.exp() + r_b @ y
-    # b_j and k_j decayed to the end of the chunk
-    to_end = (w_last - w_incl).exp()
+    # b_j and k_j decayed to the end of the chunk by sum_{l>j} w_l, summed from the end so that
+    # it is exactly 0, without a gradient, for the last token
+    to_end = F.pad(w.flip(-2).cumsum(-2).flip(-2)[..., 1:, :], (0, 0, 0, 1)).exp()
     b_end, k_end = (b * to_end).transpose(-1, -2), (k * to_end).transpose(-1, -2)
     M = torch.diag_embed(w_last[..., 0, :].exp()) + b_end @ y  # (B, H, N, K, K)
     N = b_end @ x + k_end @ v  # (B, H, N, K, V)

@@ -10,13 +10,14 @@ def _check_step_shapes(r, w, k, v, a, b, state) -> None:
         raise ValueError(f"r must be [B, H, K], got shape {tuple(r.shape)}")
     for name, x in (("w", w), ("k", k), ("a", a), ("b", b)):
         if x.shape != r.shape:
-            raise ValueError(f"{name} must be [B, H, K] = {tuple(r.shape)} like r, got {tuple(x.shape)}")
+            raise ValueError(f"{name} must be [B, H, K] = {tuple(r.shape)} like r, "
+                             f"got {tuple(x.shape)}")
     B, H, K = r.shape
     if v.dim() != 3 or v.shape[:2] != (B, H):
         raise ValueError(f"v must be [B, H, V] with B, H = {(B, H)}, got {tuple(v.shape)}")
     if state is not None and state.shape != (B, H, K, v.shape[-1]):
-        raise ValueError(
-            f"state must be [B, H, K, V] = {(B, H, K, v.shape[-1])} or None, got {tuple(state.shape)}")
+        raise ValueError(f"state must be [B, H, K, V] = {(B, H, K, v.shape[-1])} or None, "
+                         f"got {tuple(state.shape)}")
 
 
 def rwkv7_step(

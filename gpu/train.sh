@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: each mixer at
+# T=1024 and T=8192, attention with compile on and off, and deltanet's loss curves with the
+# triton vs the torch kernel on the token cache (if data/cache is there). Short runs: steps 40,
+# the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
+# /tmp/gpu_runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
+set -u
+out=${OUT:-gpu_out}
+runs=/tmp/gpu_runs
+mkdir -p "$runs"
+export PYTHONUNBUFFERED=1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
+  torch.cuda.get_device_name(0))'
+
+train() {  # name, limit in seconds, then --set overrides
+  local name=$1 limit=$2
+  shift 2
+  local sets=()
+  for item in "$@"; do sets+=(--set "$item"); done
+  echo "== $name: $*"
+  local begin=$SECONDS
+  timeout "$limit" python3 -m ltm.train --params configs/gpu.yaml "${sets[@]}" --no-progress \
+    --out-dir "/tmp/ckpt/$name" --metrics "$runs/$name.json" --plot "$runs/$name.csv" \
+    || echo "== $name FAILED (exit $?)"
+  echo "== $name took $((SECONDS - begin)) s"
+}
+
+long=(train.seq_len=8192 train.batch_size=2)
+train attention-T1024-compiled 150
+train attention-T1024-eager 90 train.opt.compile=false
+train deltanet-T1024-compiled 150 model.mixer=deltanet
+train attention-T8192-compiled 150 "${long[@]}"
+train deltanet-T8192-compiled 150 model.mixer=deltanet "${long[@]}"
+train rwkv7-T1024-eager 90 model.mixer=rwkv7 train.opt.compile=false
+if [ -f data/cache/meta.json ]; then
+  real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
+  train deltanet-cache-triton 90 model.mixer=deltanet "${real[@]}"
+  train deltanet-cache-torch 90 model.mixer=deltanet model.kernel=torch "${real[@]}"
+fi
+
+python3 - "$runs" "$out" <<'PY'
+import json, sys
+from pathlib import Path
+runs, out = Path(sys.argv[1]), Path(sys.argv[2])
+keys = ("tokens_per_s", "mfu", "peak_memory_mib", "data_wait_fraction", "train_loss", "val_loss")
+summary, curves = {}, ["run,step,split,loss"]
+for path in sorted(runs.glob("*.json")):
+    summary[path.stem] = json.loads(path.read_text())
+    curves += [f"{path.stem},{line}" for line in (runs / f"{path.stem}.csv").read_text().split()[1:]]
+(out / "summary.json").write_text(json.dumps(summary, indent=1))
+(out / "curves.csv").write_text("\n".join(curves) + "\n")
+print("| run | " + " | ".join(keys) + " |")
+print("|---" * (len(keys) + 1) + "|")
+for name, m in summary.items():
+    print(f"| {name} | " + " | ".join(str(m.get(k)) for k in keys) + " |")
+PY

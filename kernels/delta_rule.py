@@ -1,0 +1,385 @@
+"""Chunked (gated) delta rule in Triton, forward and backward.
+
+Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the state entering it:
+    A    = strict_lower(beta_i k_i.k_j exp(G_i - G_j)),  L = I + A
+    W    = L^-1 (beta exp(G) K),  U = L^-1 (beta V),  D = U - W S0     (D: the applied deltas)
+    O    = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
+    S_BT = exp(G_last) S0 + (exp(G_last - G) K)^T D
+Kernels: `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U), `_fwd_kernel` (sequential over chunks:
+states, D, O), `_bwd_state_kernel` (sequential, backwards: dD and the state gradients),
+`_bwd_chunk_kernel` (chunk-parallel: dq, dk, dv, dbeta, dg). Tested against
+`ltm.ops.delta_rule.naive.naive_delta_rule`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
+                                dot_precision)
+
+# Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
+# steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
+CHUNK = 64
+
+
+@triton.jit
+def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_v = tl.make_block_ptr(v + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, 0), (BT, BV), (1, 0))
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
+    b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
+    b_g = tl.load(g + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
+    b_G = tl.cumsum(b_g, axis=0)
+    # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
+    strict = (idx[:, None] > idx[None, :]) & valid[:, None]
+    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    b_a = tl.where(strict, b_beta[:, None] * kk * tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    # L^-1 by forward substitution, one row at a time: row i = e_i - sum_{j<i} A_ij (L^-1)_j
+    b_linv = tl.where(idx[:, None] == idx[None, :], 1., 0.)
+    for i in range(1, BT):
+        a_i = tl.sum(tl.where(idx[:, None] == i, b_a, 0.), axis=0)
+        row = tl.sum(a_i[:, None] * b_linv, axis=0)
+        b_linv = tl.where(idx[:, None] == i, tl.where(idx == i, 1., 0.)[None, :] - row[None, :], b_linv)
+    b_w = tl.dot(b_linv, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PRECISION)
+    b_u = tl.dot(b_linv, b_v * b_beta[:, None], input_precision=PRECISION)
+    p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, 0), (BT, BV), (1, 0))
+    tl.store(p_w, b_w, boundary_check=(0, 1))
+    tl.store(p_u, b_u, boundary_check=(0, 1))
+    tl.store(gcum + (i_b * T + rows) * H + i_h, b_G, mask=valid)
+    p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
+    tl.store(p_l, b_linv)
+
+
+@triton.jit
+def _fwd_kernel(q, k, w, u, gcum, h, d, o, h0, ht, scale, T, H, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    causal = idx[:, None] >= idx[None, :]
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_h0 = tl.make_block_ptr(h0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_s += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+    for i_t in range(NT):
+        rows = i_t * BT + idx
+        valid = rows < T
+        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_h, b_s, boundary_check=(0, 1))
+        p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_u = tl.load(p_u, boundary_check=(0, 1))
+        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+        last = tl.minimum(T - i_t * BT, BT) - 1
+        G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+        b_d = b_u - tl.dot(b_w, b_s, input_precision=PRECISION)
+        tl.store(p_d, b_d, boundary_check=(0, 1))
+        qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+        qk = qk * tl.where(causal & valid[:, None], tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+        b_o = tl.dot(b_q * tl.exp(b_G)[:, None], b_s, input_precision=PRECISION)
+        b_o += tl.dot(qk, b_d, input_precision=PRECISION)
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+        k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+        b_s = b_s * tl.exp(G_last) + tl.dot(tl.trans(b_k * k_decay[:, None]), b_d, input_precision=PRECISION)
+    if STORE_HT:
+        p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_ht, b_s, boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_state_kernel(q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    causal = idx[:, None] >= idx[None, :]
+    # (BK, BV): gradient of the state leaving the current chunk
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        p_dht = tl.make_block_ptr(dht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_ds += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        rows = i_t * BT + idx
+        valid = rows < T
+        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh, b_ds, boundary_check=(0, 1))
+        p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+        last = tl.minimum(T - i_t * BT, BT) - 1
+        G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+        qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+        qk = qk * tl.where(causal & valid[:, None], tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+        k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+        b_dd = tl.dot(tl.trans(qk), b_do, input_precision=PRECISION)
+        b_dd += tl.dot(b_k * k_decay[:, None], b_ds, input_precision=PRECISION)
+        tl.store(p_dd, b_dd, boundary_check=(0, 1))
+        b_ds = b_ds * tl.exp(G_last)
+        b_ds += tl.dot(tl.trans(b_q * tl.exp(b_G)[:, None]), b_do, input_precision=PRECISION)
+        b_ds -= tl.dot(tl.trans(b_w), b_dd, input_precision=PRECISION)
+    if STORE_DH0:
+        p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh0, b_ds, boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg,
+                      scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
+    strict = (idx[:, None] > idx[None, :]) & valid[:, None]
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    b_linv = tl.load(linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :])
+    last = tl.minimum(T - i_t * BT, BT) - 1
+    G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+    e_G = tl.exp(b_G)
+    k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    # (BT, BT): dO D^T, and the gradient of L (before the sign and the strict-lower mask)
+    b_r = tl.zeros([BT, BT], dtype=tl.float32)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    b_dG = tl.zeros([BT], dtype=tl.float32)
+    dG_last = 0.
+    for i_v in range(tl.cdiv(V, BV)):
+        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tv = (i_b * T * H + i_h) * V
+        p_v = tl.make_block_ptr(v + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_u = tl.make_block_ptr(u + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_d = tl.make_block_ptr(d + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dd = tl.make_block_ptr(dd + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dv = tl.make_block_ptr(dv + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_h = tl.load(p_h, boundary_check=(0, 1))
+        b_dh = tl.load(p_dh, boundary_check=(0, 1))
+        b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
+        b_u = tl.load(p_u, boundary_check=(0, 1))
+        b_d = tl.load(p_d, boundary_check=(0, 1))
+        b_dd = tl.load(p_dd, boundary_check=(0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+        # output through the entering state: O += exp(G) Q S0
+        dq_state = e_G[:, None] * tl.dot(b_do, tl.trans(b_h), input_precision=PRECISION)
+        b_dq += dq_state
+        b_dG += tl.sum(b_q * dq_state, axis=1)
+        b_r += tl.dot(b_do, tl.trans(b_d), input_precision=PRECISION)
+        # leaving state: S_BT += (exp(G_last - G) K)^T D
+        dk_state = k_decay[:, None] * tl.dot(b_d, tl.trans(b_dh), input_precision=PRECISION)
+        b_dk += dk_state
+        sk = tl.sum(b_k * dk_state, axis=1)
+        b_dG -= sk
+        dG_last += tl.sum(sk) + tl.exp(G_last) * tl.sum(b_h * b_dh)
+        # D = U - W S0 with U = L^-1 (beta V)
+        b_dw -= tl.dot(b_dd, tl.trans(b_h), input_precision=PRECISION)
+        b_dyv = tl.dot(tl.trans(b_linv), b_dd, input_precision=PRECISION)
+        tl.store(p_dv, (b_dyv * b_beta[:, None]).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+        b_dbeta += tl.sum(b_dyv * b_v, axis=1)
+        b_da += tl.dot(b_dyv, tl.trans(b_u), input_precision=PRECISION)
+    p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    b_w = tl.load(p_w, boundary_check=(0, 1))
+    # W = L^-1 (beta exp(G) K)
+    b_dyk = tl.dot(tl.trans(b_linv), b_dw, input_precision=PRECISION)
+    b_dk += b_dyk * (b_beta * e_G)[:, None]
+    dyk_k = tl.sum(b_dyk * b_k, axis=1)
+    b_dbeta += dyk_k * e_G
+    b_dG += dyk_k * b_beta * e_G
+    b_da += tl.dot(b_dyk, tl.trans(b_w), input_precision=PRECISION)
+    # A_ij = beta_i k_i.k_j exp(G_i - G_j), strictly lower
+    b_da = tl.where(strict, -b_da, 0.)
+    gamma = tl.where(strict, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    da_kk = b_da * kk * gamma
+    b_dbeta += tl.sum(da_kk, axis=1)
+    p_a = da_kk * b_beta[:, None]
+    b_dG += tl.sum(p_a, axis=1) - tl.sum(p_a, axis=0)
+    dkk = b_da * b_beta[:, None] * gamma
+    b_dk += tl.dot(dkk, b_k, input_precision=PRECISION)
+    b_dk += tl.dot(tl.trans(dkk), b_k, input_precision=PRECISION)
+    # in-chunk scores: O += (causal exp(G_i - G_j) Q K^T) D
+    b_ds = b_r * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    b_dq += tl.dot(b_ds, b_k, input_precision=PRECISION)
+    b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=PRECISION)
+    p_s = b_ds * tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
+    b_dG += tl.where(idx == last, dG_last, 0.)
+    b_dG = tl.where(valid, b_dG, 0.)
+    # G is a cumulative sum of g inside the chunk: dg_j = sum_{i >= j} dG_i
+    b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
+    p_dq = tl.make_block_ptr(dq + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=valid)
+    tl.store(dg + (i_b * T + rows) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=valid)
+
+
+def _nan(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # poisoned, so an element a kernel fails to write shows up as NaN instead of stale memory
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _value_block(K: int, V: int) -> int:
+    # narrower value blocks for wide keys: more programs in the sequential kernels, and the
+    # (BK, BV) state plus the (BT, BK) tiles still fit in registers
+    return min(block_size(V), 32 if K > 64 else 64)
+
+
+def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT, BK, BV = CHUNK, block_size(K), block_size(V)
+    NT = triton.cdiv(T, BT)
+    dev, f32 = q.device, torch.float32
+    precision = dot_precision(q.dtype)
+    w, u = _nan((B, T, H, K), f32, dev), _nan((B, T, H, V), f32, dev)
+    gcum = _nan((B, T, H), f32, dev)
+    linv = _nan((B * H, NT, BT, BT), f32, dev)
+    _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
+                                  precision, num_warps=4)
+    BV = _value_block(K, V)
+    h = _nan((B * H, NT, K, V), f32, dev)
+    d = _nan((B, T, H, V), f32, dev)
+    o = _nan((B, T, H, V), v.dtype, dev)
+    ht = _nan((B, H, K, V), f32, dev) if output_final_state else None
+    _fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, u, gcum, h, d, o, initial_state, ht, scale, T, H, K, V, BT, BK, BV,
+        initial_state is not None, output_final_state, precision, num_warps=4)
+    return o, ht, (w, u, d, gcum, linv, h)
+
+
+def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
+    w, u, d, gcum, linv, h = saved
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    NT = triton.cdiv(T, BT)
+    dev, f32 = q.device, torch.float32
+    precision = dot_precision(q.dtype)
+    dd = _nan((B, T, H, V), f32, dev)
+    dh = _nan((B * H, NT, K, V), f32, dev)
+    dh0 = _nan((B, H, K, V), f32, dev) if initial_state is not None else None
+    _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H, K, V, BT, BK, BV,
+        dht is not None, dh0 is not None, precision, num_warps=4)
+    dq, dk = _nan(q.shape, q.dtype, dev), _nan(k.shape, k.dtype, dev)
+    dv = _nan(v.shape, v.dtype, dev)
+    dbeta, dg = _nan(beta.shape, beta.dtype, dev), _nan(beta.shape, f32, dev)
+    _bwd_chunk_kernel[(NT, B * H)](
+        q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg, scale,
+        T, H, K, V, BT, BK, BV, precision, num_warps=8 if K > 64 else 4)
+    return dq, dk, dv, dbeta, dg, dh0
+
+
+class ChunkDeltaRuleFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, scale, initial_state, output_final_state):
+        o, ht, saved = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state)
+        ctx.save_for_backward(q, k, v, beta, initial_state, *saved)
+        ctx.scale, ctx.g_dtype = scale, g.dtype
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, initial_state, *saved = ctx.saved_tensors
+        dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(
+            q, k, v, beta, ctx.scale, initial_state, saved, do.contiguous(),
+            None if dht is None else dht.contiguous())
+        return dq, dk, dv, dbeta, dg.to(ctx.g_dtype), None, dh0, None
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(Gated) delta rule, chunked, in Triton; differentiable in q, k, v, beta, g, initial_state.
+
+    Per token: S = S * exp(g); S = S + beta k (v - S^T k)^T; o = S^T (scale q).
+    Same function as `ltm.ops.delta_rule.naive.naive_delta_rule`, which it is tested against.
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; all float32, bfloat16 or float16 (one dtype),
+            K, V <= 128. Any T >= 1.
+        beta: [B, T, H], the same dtype. g: [B, T, H] log decay (<= 0), any float dtype, or None.
+        scale: multiplies q, defaults to K ** -0.5.
+        initial_state: [B, H, K, V] (any float dtype, used in float32) or None for zeros.
+    Returns:
+        o: [B, T, H, V] in the dtype of v; the final state [B, H, K, V] in float32 when
+        `output_final_state`, else None. States are kept in float32 throughout.
+    """
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    check_btd("k", k, (B, T, H), "K")
+    check_btd("v", v, (B, T, H), "V")
+    if k.shape[-1] != K:
+        raise ValueError(f"k must be [B, T, H, K] = {tuple(q.shape)} like q, got {tuple(k.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        check_dtype(name, x, q.dtype)
+    if tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"beta must be [B, T, H] = {(B, T, H)}, got {tuple(beta.shape)}")
+    if g is not None and tuple(g.shape) != (B, T, H):
+        raise ValueError(f"g must be [B, T, H] = {(B, T, H)} or None, got {tuple(g.shape)}")
+    check_head_dim("q/k", K)
+    check_head_dim("v", v.shape[-1])
+    check_state("initial_state", initial_state, (B, H, K, v.shape[-1]))
+    if T == 0:
+        raise ValueError("q must hold at least one token (T >= 1)")
+    scale = K ** -0.5 if scale is None else float(scale)
+    g_in = torch.zeros_like(beta, dtype=torch.float32) if g is None else g.contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    o, ht = ChunkDeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                         beta.contiguous(), g_in, scale, h0, output_final_state)
+    return o, ht

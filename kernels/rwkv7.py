@@ -1,0 +1,228 @@
+"""RWKV-7 recurrence in Triton, forward and backward, as a fused token loop with chunk checkpoints.
+
+Per token t, state S of shape [K, V] (a^T S read before the decay):
+    S = S * exp(w_t)[:, None] + b_t (a_t^T S) + k_t v_t^T;   o_t = S^T r_t
+Each program owns one (batch, head, value block) and keeps its [K, BV] state in registers while it
+walks the tokens. The forward saves the state every CHUNK tokens; the backward walks the chunks in
+reverse, recomputes the chunk's states from its checkpoint into a per-program scratch buffer, then
+runs the adjoint recurrence token by token backwards:
+    dS_t += r_t do_t^T;  dS_{t-1} = dS_t * exp(w_t)[:, None] + a_t (dS_t^T b_t)^T
+Gradients of the [K]-sized inputs are sums over V, so each value block writes its own partial sum
+and the launcher adds them. Tested against `ltm.ops.rwkv7.naive.naive_rwkv7`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ltm.kernels.common import block_size, check_btd, check_dtype, check_head_dim, check_state
+
+# Tokens between two saved states: the backward recomputes at most this many states per step back.
+CHUNK = 32
+
+
+@triton.jit
+def _fwd_kernel(r, w, k, v, a, b, o, h, h0, ht, T, H, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_state = o_k[:, None] * V + o_v[None, :]
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_s += tl.load(h0 + i_bh * K * V + p_state, mask=m_kv, other=0.).to(tl.float32)
+    for t in range(T):
+        if t % BT == 0:
+            tl.store(h + (i_bh * NT + t // BT) * K * V + p_state, b_s, mask=m_kv)
+        p_k = (i_b * T + t) * H * K + i_h * K + o_k
+        p_v = (i_b * T + t) * H * V + i_h * V + o_v
+        b_r = tl.load(r + p_k, mask=m_k, other=0.).to(tl.float32)
+        b_w = tl.load(w + p_k, mask=m_k, other=0.).to(tl.float32)
+        b_k = tl.load(k + p_k, mask=m_k, other=0.).to(tl.float32)
+        b_a = tl.load(a + p_k, mask=m_k, other=0.).to(tl.float32)
+        b_b = tl.load(b + p_k, mask=m_k, other=0.).to(tl.float32)
+        b_v = tl.load(v + p_v, mask=m_v, other=0.).to(tl.float32)
+        # (BV,): a^T S, before the decay
+        sa = tl.sum(b_a[:, None] * b_s, axis=0)
+        b_s = b_s * tl.exp(b_w)[:, None] + b_b[:, None] * sa[None, :] + b_k[:, None] * b_v[None, :]
+        b_o = tl.sum(b_r[:, None] * b_s, axis=0)
+        tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_state, b_s, mask=m_kv)
+
+
+@triton.jit
+def _bwd_kernel(r, w, k, v, a, b, h, do, dht, scratch, dr, dw, dk, dv, da, db, dh0, T,
+                H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
+                STORE_DH0: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NV = tl.num_programs(0)
+    NT = tl.cdiv(T, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_state = o_k[:, None] * V + o_v[None, :]
+    # this program's scratch: BT states of [BK, BV]
+    p_scratch = scratch + (i_bh * NV + i_v) * BT * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    # (BK, BV): gradient of the state after the current token
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_ds += tl.load(dht + i_bh * K * V + p_state, mask=m_kv, other=0.).to(tl.float32)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        t_end = tl.minimum(T, i_t * BT + BT)
+        b_s = tl.load(h + (i_bh * NT + i_t) * K * V + p_state, mask=m_kv, other=0.)
+        for t in range(i_t * BT, t_end):
+            tl.store(p_scratch + (t - i_t * BT) * BK * BV, b_s)
+            p_k = (i_b * T + t) * H * K + i_h * K + o_k
+            p_v = (i_b * T + t) * H * V + i_h * V + o_v
+            b_w = tl.load(w + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_k = tl.load(k + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_a = tl.load(a + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_b = tl.load(b + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_v = tl.load(v + p_v, mask=m_v, other=0.).to(tl.float32)
+            sa = tl.sum(b_a[:, None] * b_s, axis=0)
+            b_s = b_s * tl.exp(b_w)[:, None] + b_b[:, None] * sa[None, :] + b_k[:, None] * b_v[None, :]
+        # the states written above are read back by other threads of this program
+        tl.debug_barrier()
+        for jt in range(i_t * BT, t_end):
+            t = i_t * BT + t_end - 1 - jt
+            b_sp = tl.load(p_scratch + (t - i_t * BT) * BK * BV)
+            p_k = (i_b * T + t) * H * K + i_h * K + o_k
+            p_v = (i_b * T + t) * H * V + i_h * V + o_v
+            p_part = ((i_v * (tl.num_programs(1) // H) + i_b) * T + t) * H * K + i_h * K + o_k
+            b_r = tl.load(r + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_w = tl.load(w + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_k = tl.load(k + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_a = tl.load(a + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_b = tl.load(b + p_k, mask=m_k, other=0.).to(tl.float32)
+            b_v = tl.load(v + p_v, mask=m_v, other=0.).to(tl.float32)
+            b_do = tl.load(do + p_v, mask=m_v, other=0.).to(tl.float32)
+            e_w = tl.exp(b_w)
+            sa = tl.sum(b_a[:, None] * b_sp, axis=0)
+            b_s = b_sp * e_w[:, None] + b_b[:, None] * sa[None, :] + b_k[:, None] * b_v[None, :]
+            b_ds += b_r[:, None] * b_do[None, :]
+            tl.store(dr + p_part, tl.sum(b_s * b_do[None, :], axis=1), mask=m_k)
+            tl.store(dk + p_part, tl.sum(b_ds * b_v[None, :], axis=1), mask=m_k)
+            tl.store(db + p_part, tl.sum(b_ds * sa[None, :], axis=1), mask=m_k)
+            tl.store(dw + p_part, e_w * tl.sum(b_ds * b_sp, axis=1), mask=m_k)
+            b_dv = tl.sum(b_ds * b_k[:, None], axis=0)
+            tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_v)
+            # (BV,): gradient of a^T S
+            dsa = tl.sum(b_ds * b_b[:, None], axis=0)
+            tl.store(da + p_part, tl.sum(b_sp * dsa[None, :], axis=1), mask=m_k)
+            b_ds = b_ds * e_w[:, None] + b_a[:, None] * dsa[None, :]
+        # the next chunk overwrites the scratch that was just read
+        tl.debug_barrier()
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_state, b_ds, mask=m_kv)
+
+
+def _nan(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # poisoned, so an element a kernel fails to write shows up as NaN instead of stale memory
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _value_block(K: int, V: int) -> int:
+    # more programs (value blocks) for wide heads; each holds a [BK, BV] state in registers
+    return min(block_size(V), 32 if K > 64 else 64)
+
+
+def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    NT = triton.cdiv(T, BT)
+    h = _nan((B * H, NT, K, V), torch.float32, r.device)
+    o = _nan((B, T, H, V), v.dtype, r.device)
+    ht = _nan((B, H, K, V), torch.float32, r.device) if output_final_state else None
+    _fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        r, w, k, v, a, b, o, h, initial_state, ht, T, H, K, V, BT, BK, BV,
+        initial_state is not None, output_final_state, num_warps=4)
+    return o, ht, h
+
+
+def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    NV = triton.cdiv(V, BV)
+    dev = r.device
+    scratch = torch.empty(B * H * NV * BT * BK * BV, dtype=torch.float32, device=dev)
+    # partial sums over the value blocks, added below
+    parts = [_nan((NV, B, T, H, K), torch.float32, dev) for _ in range(5)]
+    dv = _nan(v.shape, v.dtype, dev)
+    dh0 = _nan((B, H, K, V), torch.float32, dev) if initial_state is not None else None
+    _bwd_kernel[(NV, B * H)](
+        r, w, k, v, a, b, h, do, dht, scratch, *parts[:2], parts[2], dv, *parts[3:], dh0, T,
+        H, K, V, BT, BK, BV, dht is not None, dh0 is not None, num_warps=4)
+    dr, dw, dk, da, db = (p.sum(0).to(x.dtype) for p, x in zip(parts, (r, w, k, a, b)))
+    return dr, dw, dk, dv, da, db, dh0
+
+
+class ChunkRWKV7Function(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, r, w, k, v, a, b, initial_state, output_final_state):
+        o, ht, h = _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state)
+        ctx.save_for_backward(r, w, k, v, a, b, initial_state, h)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        r, w, k, v, a, b, initial_state, h = ctx.saved_tensors
+        grads = _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do.contiguous(),
+                           None if dht is None else dht.contiguous())
+        return (*grads, None)
+
+
+def chunk_rwkv7(
+    r: torch.Tensor,
+    w: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RWKV-7 time mixing in Triton (fused token loop, states saved every CHUNK tokens for the
+    backward); differentiable in r, w, k, v, a, b and initial_state.
+
+    Per token: S = S * exp(w)[:, None] + b (a^T S) + k v^T with a^T S read before the decay;
+    o = S^T r. Same function as `ltm.ops.rwkv7.naive.naive_rwkv7`, which it is tested against.
+
+    Args:
+        r, w, k, a, b: [B, T, H, K]; v: [B, T, H, V]; all float32, bfloat16 or float16 (one dtype),
+            K, V <= 128, any T >= 1. w is the log decay (<= 0).
+        initial_state: [B, H, K, V] (any float dtype, used in float32) or None for zeros.
+    Returns:
+        o: [B, T, H, V] in the dtype of v; the final state [B, H, K, V] in float32 when
+        `output_final_state`, else None.
+    """
+    if r.dim() != 4:
+        raise ValueError(f"r must be [B, T, H, K], got shape {tuple(r.shape)}")
+    B, T, H, K = r.shape
+    for name, x in (("w", w), ("k", k), ("a", a), ("b", b)):
+        if x.shape != r.shape:
+            raise ValueError(f"{name} must be [B, T, H, K] = {tuple(r.shape)} like r, got {tuple(x.shape)}")
+    check_btd("v", v, (B, T, H), "V")
+    for name, x in (("r", r), ("w", w), ("k", k), ("v", v), ("a", a), ("b", b)):
+        check_dtype(name, x, r.dtype)
+    check_head_dim("r/k", K)
+    check_head_dim("v", v.shape[-1])
+    check_state("initial_state", initial_state, (B, H, K, v.shape[-1]))
+    if T == 0:
+        raise ValueError("r must hold at least one token (T >= 1)")
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    return ChunkRWKV7Function.apply(*(x.contiguous() for x in (r, w, k, v, a, b)), h0,
+                                    output_final_state)

@@ -1,0 +1,309 @@
+"""Benchmark of the linear-attention kernels: token loop, torch chunk form, our Triton kernels,
+flash-linear-attention (when installed) and causal SDPA, forward and forward+backward.
+
+    python -m ltm.bench.kernels --out reports/bench/kernels-gpu.json
+
+Every time is the median of `triton.testing.do_bench` on the GPU (a host-clock median on the CPU,
+where only the token loop, the torch chunk form and SDPA run, at tiny shapes, in float32). Each row
+also gives the floor: max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured in the
+same run, with the byte and FLOP counts of `floor_counts`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from ltm.params import check
+
+OPS = ("delta_rule", "gated_delta_rule", "rwkv7")
+
+
+@dataclasses.dataclass
+class KernelBenchConfig:
+    # [B, T, H, D] shapes to time every implementation at
+    shapes: list[list[int]] = dataclasses.field(default_factory=lambda: [[1, 128, 2, 32]])
+    # the token loop is slow: it runs at [B, naive_tokens, H, D] of the first shape only
+    naive_tokens: int = 64
+    ops: list[str] = dataclasses.field(default_factory=lambda: list(OPS))
+    # "float32", "bfloat16" or "float16"; fla and the Triton kernels are timed on the GPU only
+    dtype: str = "float32"
+    backward: bool = True
+    # do_bench's warm-up and measuring budgets, in milliseconds
+    warmup_ms: int = 25
+    rep_ms: int = 100
+
+    def __post_init__(self):
+        check(all(len(s) == 4 and all(int(n) > 0 for n in s) for s in self.shapes), "shapes",
+              "each shape must be four positive integers [B, T, H, D]")
+        check(self.naive_tokens > 0, "naive_tokens", "must be positive")
+        check(all(op in OPS for op in self.ops), "ops", f"each must be one of {OPS}")
+        check(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
+              "must be float32, bfloat16 or float16")
+        check(self.warmup_ms > 0 and self.rep_ms > 0, "rep_ms", "budgets must be positive")
+
+
+GPU_SHAPES = [[8, 2048, 8, 128], [2, 8192, 8, 128], [8, 2048, 16, 64], [4, 4096, 16, 128], [16, 1024, 4, 64]]
+
+
+def _optional(module: str, name: str) -> Callable | None:
+    """`module.name` when it can be imported (fla, or an op still being written), else None."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def make_inputs(op: str, B: int, T: int, H: int, D: int, dtype: torch.dtype, device) -> dict:
+    """Random inputs as a layer feeds them: unit keys, beta in (0, 1), log decays in [-1, 0)."""
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device=device)).to(dtype).requires_grad_()
+    if op == "rwkv7":
+        kk = F.normalize(torch.randn(B, T, H, D, device=device), dim=-1)
+        lr = torch.rand(B, T, H, D, device=device)
+        w = -torch.rand(B, T, H, D, device=device).clamp_min(1e-3)
+        return {"r": rand(B, T, H, D), "w": w.to(dtype).requires_grad_(), "k": rand(B, T, H, D, scale=0.5),
+                "v": rand(B, T, H, D), "a": (-kk).to(dtype).requires_grad_(),
+                "b": (kk * lr).to(dtype).requires_grad_()}
+    k = F.normalize(torch.randn(B, T, H, D, device=device), dim=-1)
+    x = {"q": rand(B, T, H, D), "k": k.to(dtype).requires_grad_(), "v": rand(B, T, H, D),
+         "beta": torch.rand(B, T, H, device=device).to(dtype).requires_grad_()}
+    if op == "gated_delta_rule":
+        x["g"] = (-torch.rand(B, T, H, device=device).clamp_min(1e-3)).float().requires_grad_()
+    return x
+
+
+def implementations(op: str, device: torch.device) -> dict[str, Callable]:
+    """name -> function(inputs) -> output tensor, for the implementations present here."""
+    on_gpu = device.type == "cuda"
+    impls: dict[str, Callable] = {}
+    if op == "rwkv7":
+        naive = _optional("ltm.ops.rwkv7.naive", "naive_rwkv7")
+        torch_chunk = _optional("ltm.ops.rwkv7.chunk", "chunk_rwkv7")
+        ours = _optional("ltm.kernels", "chunk_rwkv7") if on_gpu else None
+        fla = _optional("fla.ops.rwkv7", "chunk_rwkv7") if on_gpu else None
+        args = lambda x: (x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])
+        for name, fn in (("naive", naive), ("torch_chunk", torch_chunk), ("triton", ours), ("fla", fla)):
+            if fn is not None:
+                impls[name] = lambda x, fn=fn: fn(*args(x))[0]
+        return impls
+    naive = _optional("ltm.ops.delta_rule.naive", "naive_delta_rule")
+    torch_chunk = _optional("ltm.ops.delta_rule.chunk", "chunk_delta_rule")
+    ours = _optional("ltm.kernels", "chunk_delta_rule") if on_gpu else None
+    for name, fn in (("naive", naive), ("torch_chunk", torch_chunk), ("triton", ours)):
+        if fn is not None:
+            impls[name] = lambda x, fn=fn: fn(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]
+    if on_gpu and op == "delta_rule" and _optional("fla.ops.delta_rule", "chunk_delta_rule"):
+        fla = _optional("fla.ops.delta_rule", "chunk_delta_rule")
+        impls["fla"] = lambda x: fla(x["q"], x["k"], x["v"], x["beta"])[0]
+    if on_gpu and op == "gated_delta_rule" and _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"):
+        fla_g = _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+        impls["fla"] = lambda x: fla_g(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
+    return impls
+
+
+def sdpa(x: dict) -> torch.Tensor:
+    # (B, H, T, D) layout for SDPA
+    q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def floor_counts(op: str, B: int, T: int, H: int, D: int, itemsize: int, backward: bool,
+                 chunk: int = 64) -> tuple[float, float]:
+    """(bytes, FLOPs) no implementation can go below: every input read once and every output
+    written once; FLOPs of the chunked form (delta rule: per chunk of C tokens, the products
+    K K^T, L^-1 K, L^-1 V, Q K^T, P D at C^2 D each and W S, Q S, K^T D at C D^2 each; RWKV-7: the
+    recurrence's 9 D^2 per token; SDPA: causal Q K^T and P V). The backward reads the inputs and
+    the output gradient and writes every input gradient; its FLOPs are counted as twice the
+    forward's."""
+    n = B * T * H * D
+    if op == "sdpa":
+        fwd_bytes, bwd_bytes = 4 * n * itemsize, 8 * n * itemsize
+        flops = 2.0 * B * H * T * T * D
+    elif op == "rwkv7":
+        fwd_bytes, bwd_bytes = 7 * n * itemsize, 13 * n * itemsize
+        flops = 9.0 * B * T * H * D * D
+    else:
+        gates = (2 if op == "gated_delta_rule" else 1) * B * T * H * itemsize
+        fwd_bytes, bwd_bytes = 4 * n * itemsize + gates, 7 * n * itemsize + 2 * gates
+        flops = 2.0 * B * T * H * (5 * chunk * D + 3 * D * D)
+    if backward:
+        return float(fwd_bytes + bwd_bytes), 3 * flops
+    return float(fwd_bytes), flops
+
+
+def _median_ms(fn: Callable, device: torch.device, warmup_ms: int, rep_ms: int,
+               grads: list[torch.Tensor] | None = None) -> float:
+    if device.type == "cuda":
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads,
+                                             return_mode="median"))
+    fn()
+    times, start = [], time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start) * 1e3 < rep_ms:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_ceilings(device: torch.device, warmup_ms: int, rep_ms: int) -> dict:
+    """Copy bandwidth (bytes read + written per second) and bf16 (float32 on CPU) matmul rate."""
+    on_gpu = device.type == "cuda"
+    src = torch.randn((1 << 28) if on_gpu else (1 << 22), device=device)
+    dst = torch.empty_like(src)
+    copy_ms = _median_ms(lambda: dst.copy_(src), device, warmup_ms, rep_ms)
+    n = 8192 if on_gpu else 512
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    mm_ms = _median_ms(lambda: a @ b, device, warmup_ms, rep_ms)
+    return {"copy_bytes_per_s": 2 * src.numel() * src.element_size() / (copy_ms * 1e-3),
+            "matmul_flops_per_s": 2.0 * n ** 3 / (mm_ms * 1e-3), "matmul_dtype": str(dtype)}
+
+
+def _time_one(fn: Callable, x: dict, device, backward: bool, cfg: KernelBenchConfig) -> dict:
+    """Median ms and peak memory (MiB above what the inputs hold) of one pass."""
+    grads = [t for t in x.values() if t.requires_grad]
+    if backward:
+        out = fn(x)
+        do = torch.randn_like(out)
+        step = lambda: fn(x).backward(do)
+    else:
+        step = lambda: fn(x)
+    # first call outside the timing: compilation and fla's autotuning
+    step()
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    with torch.no_grad() if not backward else torch.enable_grad():
+        ms = _median_ms(step, device, cfg.warmup_ms, cfg.rep_ms, grads)
+    return {"ms": ms, "peak_mib": peak}
+
+
+def _rows_for_shape(op, impls, shape, dtype, device, cfg, ceilings) -> list[dict]:
+    B, T, H, D = shape
+    x = make_inputs(op, B, T, H, D, dtype, device)
+    rows, outputs = [], {}
+    for name, fn in impls.items():
+        with torch.no_grad():
+            outputs[name] = fn(x).float()
+        for backward in ((False, True) if cfg.backward else (False,)):
+            timing = _time_one(fn, x, device, backward, cfg)
+            nbytes, flops = floor_counts("sdpa" if name == "sdpa" else op, B, T, H, D,
+                                         x["v"].element_size(), backward)
+            floor_ms = 1e3 * max(nbytes / ceilings["copy_bytes_per_s"],
+                                 flops / ceilings["matmul_flops_per_s"])
+            rows.append({"op": op, "impl": name, "B": B, "T": T, "H": H, "D": D,
+                         "dtype": str(dtype).replace("torch.", ""),
+                         "pass": "fwd+bwd" if backward else "fwd", **timing,
+                         "floor_ms": floor_ms, "x_floor": timing["ms"] / floor_ms})
+    # agreement with the reference implementation on the same inputs (fla where present)
+    ref_name = "fla" if "fla" in outputs else "torch_chunk" if "torch_chunk" in outputs else None
+    for row in rows:
+        if ref_name and row["impl"] not in ("sdpa", ref_name):
+            a, b = outputs[row["impl"]], outputs[ref_name]
+            row[f"rel_err_vs_{ref_name}"] = ((a - b).norm() / b.norm()).item()
+    return rows
+
+
+def run(config: KernelBenchConfig | None = None, device: str | None = None,
+        verbose: bool = False) -> list[dict]:
+    """Time every implementation at every configured shape; returns one dict per
+    (op, implementation, shape, pass), with ratios to fla and to the floor. `verbose` prints each
+    row as it is measured (a long GPU run shows progress even if it is cut short)."""
+    cfg = config or KernelBenchConfig()
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, cfg.dtype)
+    ceilings = measure_ceilings(dev, cfg.warmup_ms, cfg.rep_ms)
+    if verbose:
+        print(json.dumps(ceilings), flush=True)
+    rows = []
+    for op in cfg.ops:
+        impls = implementations(op, dev)
+        naive = impls.pop("naive", None)
+        for shape in cfg.shapes:
+            with_sdpa = dict(impls, sdpa=sdpa) if op == "delta_rule" else impls
+            new = _rows_for_shape(op, with_sdpa, shape, dtype, dev, cfg, ceilings)
+            rows += new
+            if verbose:
+                print(format_table([dict(r, x_fla=None) for r in new]), flush=True)
+        # the token loop, beside our kernel where it runs, at a short length
+        B, _, H, D = cfg.shapes[0]
+        short = {"naive": naive} if naive else {}
+        if "triton" in impls:
+            short["triton"] = impls["triton"]
+        if short:
+            new = _rows_for_shape(op, short, [B, cfg.naive_tokens, H, D], dtype, dev, cfg, ceilings)
+            rows += [dict(r, impl=f"{r['impl']}@short") for r in new]
+            if verbose:
+                print(format_table([dict(r, x_fla=None) for r in rows[-len(new):]]), flush=True)
+    _add_fla_ratios(rows)
+    for row in rows:
+        row.update({k: v for k, v in ceilings.items()})
+    return rows
+
+
+def _add_fla_ratios(rows: list[dict]) -> None:
+    """x_fla = fla's time / this time (above 1: faster than fla), for rows that have an fla twin."""
+    fla = {(r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"]): r["ms"] for r in rows if r["impl"] == "fla"}
+    for r in rows:
+        key = (r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"])
+        r["x_fla"] = fla[key] / r["ms"] if key in fla else None
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'op':17} {'impl':15} {'B,T,H,D':17} {'pass':8} {'ms':>9} {'x_fla':>6} {'x_floor':>8} {'MiB':>8}"
+    lines = [head]
+    for r in rows:
+        shape = f"{r['B']},{r['T']},{r['H']},{r['D']}"
+        x_fla = f"{r['x_fla']:.2f}" if r["x_fla"] else "-"
+        mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
+        lines.append(f"{r['op']:17} {r['impl']:15} {shape:17} {r['pass']:8} {r['ms']:9.3f} {x_fla:>6} "
+                     f"{r['x_floor']:8.1f} {mib:>8}")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    fla = _optional("fla", "__version__")
+    return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "triton": triton.__version__, "fla": fla}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("reports/bench/kernels.json"))
+    parser.add_argument("--shapes", type=str, default=None,
+                        help="semicolon-separated B,T,H,D shapes (default: the GPU set, or a tiny CPU one)")
+    parser.add_argument("--ops", type=str, default=",".join(OPS))
+    parser.add_argument("--naive-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    shapes = ([[int(n) for n in s.split(",")] for s in args.shapes.split(";")] if args.shapes
+              else GPU_SHAPES if on_gpu else [[1, 128, 2, 32]])
+    cfg = KernelBenchConfig(shapes=shapes, ops=args.ops.split(","),
+                            naive_tokens=args.naive_tokens or (512 if on_gpu else 64),
+                            dtype="bfloat16" if on_gpu else "float32")
+    print(json.dumps(environment()), flush=True)
+    rows = run(cfg, verbose=True)
+    print(format_table(rows))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**environment(), "config": dataclasses.asdict(cfg), "rows": rows},
+                                   indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,549 @@
+"""The train stage: AdamW with warm-up and cosine decay, gradient accumulation and clipping,
+evaluation on the validation split, atomic resumable checkpoints, one process or many (DDP).
+
+Every speed optimisation is a switch under `train.opt` (see OptConfig); `auto` picks per device.
+The data position is a micro-batch index (see ltm.batches), checkpoints are in ltm.checkpoint.
+
+    python -m ltm.train [--params params.yaml] [--set model.mixer=deltanet ...]
+    torchrun --nproc_per_node=N -m ltm.train [--params ...]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from ltm import checkpoint as ckpt
+from ltm.batches import MicroBatches, open_source, with_vocab
+from ltm.losses import chunked_cross_entropy
+from ltm.model import LTM, ModelConfig
+from ltm.params import ParamsError, check, from_mapping, read_params, to_dict
+
+Auto = Literal["auto"]
+# bf16 dense tensor-core peak of one H100 / H200 SXM, the denominator of MFU
+H100_BF16_PEAK = 989e12
+
+
+@dataclass
+class OptConfig:
+    """`train.opt`: speed switches, each independent. auto = on for CUDA, off for the CPU."""
+
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # mixed precision; fp16 adds a grad scaler
+    tf32: bool | Auto = "auto"  # TF32 tensor cores for float32 matmuls (CUDA only)
+    compile: bool | Auto = "auto"  # torch.compile the model and loss
+    fused_adamw: bool | Auto = "auto"  # one fused kernel for the whole AdamW update
+    workers: int = 0  # processes preparing batches ahead (0 = in the training loop)
+    pin_memory: bool | Auto = "auto"  # page-locked batches, copied with non_blocking (CUDA only)
+    pretokenized: bool = True  # false = tokenise raw text for every batch (the baseline)
+    fused_loss: bool | Auto = "auto"  # chunked cross-entropy, no full-vocabulary logits
+
+    def __post_init__(self):
+        check(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
+
+
+@dataclass
+class TrainConfig:
+    """`train:` section of params.yaml. Defaults: a short run of the tiny model on a CPU."""
+
+    seed: int = 1337
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # cache = the token cache of the tokenize stage; synthetic = uniform random tokens (throughput)
+    data: Literal["cache", "synthetic"] = "cache"
+    steps: int = 200  # optimiser steps
+    batch_size: int | Auto = 16  # sequences per process per micro-step; auto = largest that fits
+    seq_len: int = 128
+    grad_accum: int = 1  # micro-steps per optimiser step
+    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
+    min_lr: float = 3e-4  # end of the cosine decay
+    warmup_steps: int = 20
+    weight_decay: float = 0.1  # on matrices only, not on norms
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    eval_every: int = 50  # steps between validation losses (and at the end)
+    eval_batches: int = 8  # validation batches per evaluation
+    checkpoint_every: int = 100  # steps between checkpoints (and at the end); 0 = end only
+    resume: bool = True  # continue from the checkpoint in out_dir if it matches this config
+    log_every: int = 10  # steps between progress updates (each one waits for the device)
+    timing_warmup: int = 5  # first steps left out of tokens/s (compilation, allocator warm-up)
+    memory_fraction: float = 0.85  # batch_size auto: share of GPU memory a step may use
+    opt: OptConfig = field(default_factory=OptConfig)
+
+    def __post_init__(self):
+        for name in ("steps", "seq_len", "grad_accum", "eval_every", "eval_batches", "log_every"):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "checkpoint_every", "timing_warmup"):
+            check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.batch_size == "auto" or self.batch_size >= 1, "batch_size",
+              f"must be >= 1 or auto, got {self.batch_size}")
+        check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
+        check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
+        check(0 < self.memory_fraction <= 1, "memory_fraction",
+              f"must be in (0, 1], got {self.memory_fraction}")
+
+
+@dataclass
+class Switches:
+    """OptConfig with every auto decided for the device."""
+
+    amp: Literal["off", "bf16", "fp16"]
+    tf32: bool
+    compile: bool
+    fused_adamw: bool
+    workers: int
+    pin_memory: bool
+    pretokenized: bool
+    fused_loss: bool
+
+
+def resolve_switches(opt: OptConfig, device: torch.device) -> Switches:
+    cuda = device.type == "cuda"
+    decide = {name: cuda if getattr(opt, name) == "auto" else getattr(opt, name)
+              for name in ("tf32", "compile", "fused_adamw", "pin_memory", "fused_loss")}
+    amp = ("bf16" if cuda else "off") if opt.amp == "auto" else opt.amp
+    # page-locked memory only speeds up copies to a GPU; TF32 is a GPU number format
+    decide["pin_memory"] = decide["pin_memory"] and cuda
+    decide["tf32"] = decide["tf32"] and cuda
+    return Switches(amp=amp, workers=opt.workers, pretokenized=opt.pretokenized, **decide)
+
+
+@dataclass
+class TrainResult:
+    metrics: dict  # what train.json holds
+    history: list[dict]  # rows (step, split, loss) of the loss curves
+    checkpoint: Path | None  # the last checkpoint written
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped, its last good checkpoint kept."""
+
+
+class LossModel(nn.Module):
+    """The model plus its loss, as one module, so DDP and torch.compile see the whole step."""
+
+    def __init__(self, model: LTM, fused_loss: bool) -> None:
+        super().__init__()
+        self.model, self.fused_loss = model, fused_loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self.fused_loss:
+            return self.model(x, y)[1]
+        hidden = self.model.hidden(x)  # (B, T, d_model)
+        return fused_loss(hidden, self.model.lm_head.weight, y)
+
+
+# the chunk loop is plain PyTorch with its own backward; the compiler gains nothing there
+fused_loss = torch.compiler.disable(chunked_cross_entropy)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to lr, then cosine decay to min_lr at the last step; a factor of lr."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return (cfg.min_lr + cosine * (cfg.lr - cfg.min_lr)) / cfg.lr
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool):
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+    return optimizer, scheduler
+
+
+def autocast(device: torch.device, amp: str):
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def setup_distributed(device_name: str) -> tuple[torch.device, int, int]:
+    """(device, rank, world size); joins the process group when started by torchrun."""
+    want_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if want_cuda and not torch.cuda.is_available():
+        raise ParamsError("train.device: cuda asked for, but torch sees no CUDA device")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if want_cuda else "gloo")
+    if want_cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), rank, world
+    return torch.device("cpu"), rank, world
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def find_batch_size(loss_model: LossModel, cfg: TrainConfig, sw: Switches, device: torch.device,
+                    vocab_size: int, say) -> int:
+    """batch_size auto: the largest power of two whose forward + backward, plus AdamW's two
+    float32 moments, fits in memory_fraction of the GPU. On the CPU: 16, with a note."""
+    if device.type != "cuda":
+        say("batch_size auto: memory is not probed on the CPU; using 16")
+        return 16
+    total = torch.cuda.get_device_properties(device).total_memory
+    moments = 2 * sum(p.numel() * 4 for p in loss_model.parameters())
+    best, batch = 0, 1
+    while batch <= 4096:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            x = torch.randint(vocab_size, (batch, cfg.seq_len), device=device)
+            with autocast(device, sw.amp):
+                loss = loss_model(x, x)
+            loss.backward()
+            fits = torch.cuda.max_memory_allocated(device) + moments <= cfg.memory_fraction * total
+        except torch.OutOfMemoryError:
+            fits = False
+        loss_model.zero_grad(set_to_none=True)
+        loss = x = None
+        if not fits:
+            break
+        best, batch = batch, batch * 2
+    torch.cuda.empty_cache()
+    if best == 0:
+        raise RuntimeError(f"batch_size auto: not even one sequence of {cfg.seq_len} tokens fits")
+    say(f"batch_size auto: {best} sequences per micro-step fit in {cfg.memory_fraction:.0%} of "
+        f"{total / 2**30:.0f} GiB")
+    return best
+
+
+@torch.no_grad()
+def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: Switches,
+             device: torch.device, rank: int, world: int) -> float:
+    """Mean loss over the first eval_batches validation batches of batch_size * world sequences,
+    each process taking its share of the rows: the result does not depend on the process count."""
+    loss_model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, rows)
+    for x, y in val.eval_batches(batch_size * world, cfg.seq_len, cfg.eval_batches):
+        x, y = x[rank * batch_size:(rank + 1) * batch_size], y[rank * batch_size:(rank + 1) * batch_size]
+        if len(x) == 0:
+            continue
+        with autocast(device, sw.amp):
+            loss = loss_model(x.to(device), y.to(device))
+        total += torch.stack([loss.double() * len(x), torch.tensor(float(len(x)), device=device)])
+    if world > 1:
+        dist.all_reduce(total)
+    loss_model.train()
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def peak_memory(device: torch.device) -> tuple[float, str]:
+    """Peak memory in MiB and what was measured."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda max_memory_allocated"
+    # ru_maxrss is in KiB on Linux: the whole process's peak resident memory
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu process peak RSS"
+
+
+def peak_flops(device: torch.device, amp: str) -> float | None:
+    """The bf16 dense peak for an H100 / H200; None (no MFU) for other devices."""
+    if device.type == "cuda" and amp != "off":
+        name = torch.cuda.get_device_name(device)
+        if "H100" in name or "H200" in name:
+            return H100_BF16_PEAK
+    return None
+
+
+class Trainer:
+    """One training run: built from the configs, then `run()` from the start or a checkpoint."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str, out_dir: str,
+                 progress: bool) -> None:
+        self.device, self.rank, self.world = setup_distributed(cfg.device)
+        self.say = print if self.rank == 0 else (lambda *args: None)
+        self.cfg, self.sw = cfg, resolve_switches(cfg.opt, self.device)
+        # global state: set both ways, so that runs in one process do not leak into each other
+        torch.set_float32_matmul_precision("high" if self.sw.tf32 else "highest")
+        self.source = "synthetic" if cfg.data == "synthetic" else ("cache" if self.sw.pretokenized else "raw")
+        self.model_cfg = with_vocab(model_cfg, cache_dir, self.source)
+        self.cache_dir, self.progress = cache_dir, progress
+        self.path = Path(out_dir) / ckpt.CHECKPOINT_FILE
+        seed_everything(cfg.seed)
+        self.model = LTM(self.model_cfg).to(self.device)
+        self.loss_model = LossModel(self.model, self.sw.fused_loss)
+        self.batch_size = (find_batch_size(self.loss_model, cfg, self.sw, self.device,
+                                           self.model_cfg.vocab_size, self.say)
+                           if cfg.batch_size == "auto" else cfg.batch_size)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.sw.fused_adamw)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.sw.amp == "fp16")
+        self.step, self.history, self.pending = 0, [], []
+        self.last_saved: int | None = None
+        self.step_model: nn.Module = self.loss_model
+        if self.world > 1:
+            # unused parameters: the latent cross-attention when training without z
+            self.step_model = DistributedDataParallel(
+                self.loss_model, find_unused_parameters=self.model_cfg.n_latent > 0)
+        if self.sw.compile:
+            self.step_model = torch.compile(self.step_model)
+
+    def config_dicts(self) -> tuple[dict, dict]:
+        return to_dict(self.model_cfg), to_dict(self.cfg)
+
+    def try_resume(self) -> dict | None:
+        """Load the checkpoint if resuming is asked for and it matches; its stored metrics if the
+        run it holds is already complete."""
+        saved = ckpt.load_checkpoint(self.path) if self.cfg.resume else None
+        if saved is None:
+            return None
+        why = ckpt.resume_mismatch(saved, *self.config_dicts(), self.world)
+        if why is not None:
+            self.say(f"not resuming from {self.path}: {why}; starting fresh")
+            return None
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        ckpt.set_rng_state(saved["rng"][self.rank])
+        self.step, self.history, self.last_saved = saved["step"], saved["history"], saved["step"]
+        self.say(f"resuming from {self.path} at step {self.step}")
+        return saved["metrics"] if self.step >= self.cfg.steps else None
+
+    def save(self, metrics: dict | None = None) -> None:
+        self.flush()
+        rng = ckpt.all_rng_states()
+        if self.rank == 0:
+            ckpt.save_checkpoint(self.path, {
+                "step": self.step, "next_micro_batch": self.step * self.cfg.grad_accum,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "rng": rng, "history": self.history, "metrics": metrics,
+                "model_cfg": self.config_dicts()[0], "train_cfg": self.config_dicts()[1],
+                "world_size": self.world})
+        self.last_saved = self.step
+
+    def loader(self):
+        data = MicroBatches(self.source, self.cache_dir, self.model_cfg.vocab_size, self.cfg.seed,
+                            self.cfg.seq_len, self.batch_size, self.cfg.grad_accum, self.rank,
+                            self.world)
+        first = self.step * self.cfg.grad_accum
+        return iter(torch.utils.data.DataLoader(
+            data, batch_size=None, sampler=range(first, self.cfg.steps * self.cfg.grad_accum),
+            num_workers=self.sw.workers, pin_memory=self.sw.pin_memory,
+            prefetch_factor=4 if self.sw.workers else None))
+
+    def train_step(self, batches, timing: dict) -> None:
+        """One optimiser step over grad_accum micro-batches."""
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.cfg.grad_accum):
+            waited = time.perf_counter()
+            x, y = next(batches)
+            timing["data_wait"] += time.perf_counter() - waited
+            x = x.to(self.device, non_blocking=self.sw.pin_memory)
+            y = y.to(self.device, non_blocking=self.sw.pin_memory)
+            last = micro == self.cfg.grad_accum - 1
+            # between micro-steps DDP need not average gradients: only the last one syncs
+            sync = contextlib.nullcontext() if self.world == 1 or last else self.step_model.no_sync()
+            with sync, autocast(self.device, self.sw.amp):
+                loss = self.step_model(x, y) / self.cfg.grad_accum
+            self.scaler.scale(loss).backward()
+            loss_sum += loss.detach().float()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self.pending.append((self.step, loss_sum))
+
+    def flush(self) -> None:
+        """Bring the pending train losses to the host (one wait for the device); stop on NaN/inf."""
+        if not self.pending:
+            return
+        losses = torch.stack([loss for _, loss in self.pending])
+        if self.world > 1:
+            dist.all_reduce(losses)
+            losses /= self.world
+        for (step, _), value in zip(self.pending, losses.tolist()):
+            if not math.isfinite(value):
+                kept = (f"the last good checkpoint, step {self.last_saved}, is kept at {self.path}"
+                        if self.last_saved is not None else "no checkpoint was written")
+                raise TrainingDiverged(f"train loss is {value} at step {step}: stopped; {kept}")
+            self.history.append({"step": step, "split": "train", "loss": value})
+        self.pending = []
+
+    def run(self) -> TrainResult:
+        finished = self.try_resume()
+        if finished is not None:
+            self.say(f"{self.path} already holds all {self.cfg.steps} steps: nothing to train "
+                     "(set train.resume: false to train again)")
+            return TrainResult(finished, self.history, self.path)
+        cfg, start_step = self.cfg, self.step
+        val = open_source("synthetic" if self.source == "synthetic" else "cache", self.cache_dir,
+                          "val", self.model_cfg.vocab_size, cfg.seed)
+        # steps before the clock starts: compilation and allocator warm-up are not throughput
+        warm = min(cfg.timing_warmup, cfg.steps - start_step - 1)
+        timing = {"data_wait": 0.0, "excluded": 0.0, "start": time.perf_counter()}
+        bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
+                   disable=not self.progress or self.rank != 0)
+        batches, started = self.loader(), time.perf_counter()
+        while self.step < cfg.steps:
+            self.train_step(batches, timing)
+            if self.step - start_step == warm:
+                self.synchronize()
+                timing.update(data_wait=0.0, excluded=0.0, start=time.perf_counter())
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                self.flush()
+                bar.set_postfix(loss=f"{self.history[-1]['loss']:.3f}",
+                                tok_s=f"{self.tokens_per_s(timing, start_step + warm):,.0f}")
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                self.timed_aside(timing, lambda: self.history.append({
+                    "step": self.step, "split": "val",
+                    "loss": evaluate(self.step_model, val, cfg, self.batch_size, self.sw,
+                                     self.device, self.rank, self.world)}))
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
+                self.timed_aside(timing, self.save)
+            bar.update(1)
+        bar.close()
+        self.synchronize()
+        metrics = self.metrics(timing, start_step + warm, time.perf_counter() - started)
+        self.save(metrics)
+        return TrainResult(metrics, self.history, self.path)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def timed_aside(self, timing: dict, work) -> None:
+        """Run evaluation or checkpointing, its time kept out of the throughput."""
+        self.synchronize()
+        begin = time.perf_counter()
+        work()
+        self.synchronize()
+        timing["excluded"] += time.perf_counter() - begin
+
+    def tokens_per_s(self, timing: dict, timed_from: int) -> float:
+        seconds = time.perf_counter() - timing["start"] - timing["excluded"]
+        tokens = (self.step - timed_from) * self.tokens_per_step()
+        return tokens / seconds if seconds > 0 and tokens > 0 else float("nan")
+
+    def tokens_per_step(self) -> int:
+        return self.cfg.seq_len * self.batch_size * self.cfg.grad_accum * self.world
+
+    def metrics(self, timing: dict, timed_from: int, seconds: float) -> dict:
+        train = [r["loss"] for r in self.history if r["split"] == "train"]
+        val = [r["loss"] for r in self.history if r["split"] == "val"]
+        tokens_per_s = self.tokens_per_s(timing, timed_from)
+        timed = time.perf_counter() - timing["start"] - timing["excluded"]
+        flops = self.model.flops_per_token(self.cfg.seq_len)
+        peak = peak_flops(self.device, self.sw.amp)
+        memory, memory_kind = peak_memory(self.device)
+        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return {
+            "data": ("synthetic: uniform random tokens, the loss says nothing about learning"
+                     if self.source == "synthetic" else self.source),
+            "device": device_name, "world_size": self.world, "mixer": self.model_cfg.mixer,
+            "kernel": self.model_cfg.kernel, "params": self.model.num_params(non_embedding=False),
+            "params_non_embedding": self.model.num_params(),
+            "steps": self.step, "batch_size": self.batch_size, "seq_len": self.cfg.seq_len,
+            "tokens_per_step": self.tokens_per_step(),
+            "train_loss": train[-1], "train_loss_last10": sum(train[-10:]) / len(train[-10:]),
+            "val_loss": val[-1],
+            "tokens_per_s": None if math.isnan(tokens_per_s) else round(tokens_per_s, 1),
+            "timed_steps": self.step - timed_from, "flops_per_token": flops,
+            "mfu": None if peak is None or math.isnan(tokens_per_s)
+            else round(flops * tokens_per_s / (peak * self.world), 4),
+            "mfu_peak_flops_per_gpu": peak,
+            "peak_memory_mib": round(memory, 1), "peak_memory_kind": memory_kind,
+            "data_wait_fraction": round(timing["data_wait"] / timed, 4) if timed > 0 else None,
+            "seconds": round(seconds, 2), "switches": dataclasses.asdict(self.sw),
+            "torch": torch.__version__,
+        }
+
+
+def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str = "data/cache",
+                 out_dir: str = "data/checkpoints", progress: bool = True) -> TrainResult:
+    """Train (or resume) one model; checkpoints go to out_dir. Returns metrics and loss history."""
+    return Trainer(model_cfg, train_cfg, cache_dir, out_dir, progress).run()
+
+
+def write_outputs(result: TrainResult, metrics_path: str | Path, plot_path: str | Path) -> None:
+    """train.json for `dvc metrics`, the loss curves in long format for `dvc plots`."""
+    for path in (Path(metrics_path), Path(plot_path)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    Path(metrics_path).write_text(json.dumps(result.metrics, indent=1) + "\n")
+    rows = ["step,split,loss"] + [f"{r['step']},{r['split']},{r['loss']!r}" for r in result.history]
+    Path(plot_path).write_text("\n".join(rows) + "\n")
+
+
+def load_configs(params_path: str | Path, overrides: list[str] = ()) -> tuple[ModelConfig, TrainConfig, str]:
+    """The model and train sections and data.cache_dir, with `section.key=value` overrides
+    (values read as YAML) applied first."""
+    params = read_params(params_path)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        if not sep or not parents:
+            raise ParamsError(f"--set {item}: expected section.key=value")
+        node = params
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    model_cfg = from_mapping(ModelConfig, params.get("model"), "model")
+    train_cfg = from_mapping(TrainConfig, params.get("train"), "train")
+    cache_dir = (params.get("data") or {}).get("cache_dir", "data/cache")
+    return model_cfg, train_cfg, cache_dir
+
+
+def train_stage(params_path: str | Path = "params.yaml", overrides: list[str] = (),
+                out_dir: str = "data/checkpoints",
+                metrics_path: str | Path = "reports/metrics/train.json",
+                plot_path: str | Path = "reports/plots/train_loss.csv",
+                progress: bool = True) -> TrainResult:
+    """The train stage: train from params.yaml's model and train sections; write the metrics and
+    loss curves (from the process of rank 0)."""
+    model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
+    result = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_outputs(result, metrics_path, plot_path)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Train an LTM from a params file.")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one parameter, e.g. --set model.mixer=deltanet")
+    parser.add_argument("--out-dir", default="data/checkpoints")
+    parser.add_argument("--metrics", default="reports/metrics/train.json")
+    parser.add_argument("--plot", default="reports/plots/train_loss.csv")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args()
+    try:
+        train_stage(args.params, args.set, args.out_dir, args.metrics, args.plot, not args.no_progress)
+    except (ParamsError, TrainingDiverged) as err:
+        raise SystemExit(f"error: {err}") from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The kernel benchmark: its floor formulas, its config checks, and a tiny CPU run."""
+import pytest
+
+from ltm.bench.kernels import KernelBenchConfig, floor_counts, format_table, run
+from ltm.params import ParamsError, from_mapping
+
+
+def test_floor_counts_match_hand_counts():
+    # delta rule forward at 8,2048,8,128 in bf16: q, k, v read and o written once (+ beta)
+    n = 8 * 2048 * 8 * 128
+    nbytes, flops = floor_counts("delta_rule", 8, 2048, 8, 128, 2, backward=False)
+    assert nbytes == 4 * n * 2 + 8 * 2048 * 8 * 2
+    assert flops == 2.0 * 8 * 2048 * 8 * (5 * 64 * 128 + 3 * 128 * 128)
+    nbytes_b, flops_b = floor_counts("delta_rule", 8, 2048, 8, 128, 2, backward=True)
+    assert nbytes_b == nbytes + 7 * n * 2 + 2 * 8 * 2048 * 8 * 2 and flops_b == 3 * flops
+    assert floor_counts("sdpa", 1, 4, 1, 2, 4, backward=False) == (4 * 8 * 4, 2.0 * 4 * 4 * 2)
+    assert floor_counts("rwkv7", 1, 3, 1, 4, 2, backward=False) == (7 * 12 * 2, 9.0 * 3 * 16)
+
+
+def test_config_rejects_bad_values_with_one_line():
+    with pytest.raises(ParamsError, match="bench_kernels.shapes"):
+        from_mapping(KernelBenchConfig, {"shapes": [[1, 2, 3]]}, "bench_kernels")
+    with pytest.raises(ParamsError, match="bench_kernels.ops"):
+        from_mapping(KernelBenchConfig, {"ops": ["mamba"]}, "bench_kernels")
+    with pytest.raises(ParamsError, match="bench_kernels.dtype"):
+        from_mapping(KernelBenchConfig, {"dtype": "int8"}, "bench_kernels")
+
+
+def test_tiny_cpu_run_times_every_available_implementation():
+    cfg = KernelBenchConfig(shapes=[[1, 16, 1, 16]], naive_tokens=8, warmup_ms=1, rep_ms=1)
+    rows = run(cfg, device="cpu")
+    impls = {(r["op"], r["impl"], r["pass"]) for r in rows}
+    for op in ("delta_rule", "gated_delta_rule", "rwkv7"):
+        assert (op, "naive@short", "fwd") in impls and (op, "naive@short", "fwd+bwd") in impls
+    assert ("delta_rule", "sdpa", "fwd+bwd") in impls
+    for r in rows:
+        assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] == pytest.approx(r["ms"] / r["floor_ms"])
+        assert r["x_fla"] is None and r["copy_bytes_per_s"] > 0 and r["matmul_flops_per_s"] > 0
+    assert len(format_table(rows).splitlines()) == len(rows) + 1

@@ -1,0 +1,30 @@
+import pytest
+import torch
+
+from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
+                                dot_precision)
+
+
+def test_block_size_is_a_power_of_two_at_least_16():
+    assert [block_size(n) for n in (1, 16, 17, 32, 33, 64, 100, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
+
+
+def test_dot_precision_is_exact_for_float32_only():
+    assert dot_precision(torch.float32) == "ieee"
+    assert dot_precision(torch.bfloat16) == "tf32"
+    assert dot_precision(torch.float16) == "tf32"
+
+
+def test_checks_name_the_argument():
+    x = torch.zeros(2, 5, 3, 8)
+    check_btd("k", x, (2, 5, 3), "K")
+    with pytest.raises(ValueError, match=r"^k must be \[B, T, H, K\]"):
+        check_btd("k", x, (2, 6, 3), "K")
+    with pytest.raises(ValueError, match="^v must be float32, bfloat16 or float16"):
+        check_dtype("v", x.double(), torch.float32)
+    with pytest.raises(ValueError, match="^beta must have the dtype of the first input"):
+        check_dtype("beta", x.half(), torch.float32)
+    with pytest.raises(ValueError, match="head size must be in"):
+        check_head_dim("v", 256)
+    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
+        check_state("initial_state", torch.zeros(2, 3, 8, 7), (2, 3, 8, 8))

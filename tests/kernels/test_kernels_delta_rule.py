@@ -1,0 +1,98 @@
+"""The Triton chunked delta rule against the float64 token loop, forward and every gradient."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ltm.kernels import chunk_delta_rule
+from ltm.kernels.delta_rule import CHUNK
+from ltm.ops.delta_rule.naive import naive_delta_rule
+from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
+
+# (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
+# decay "none" (g=None), "weak" (g in [-0.05, 0]) or "strong" (g in [-10, 0] per token)
+CASES = [
+    (1, 1, 1, 32, 32, "weak", True),
+    (2, 37, 3, 32, 32, "none", False),
+    (1, CHUNK, 2, 64, 64, "weak", True),
+    (1, 2 * CHUNK + 3, 2, 32, 32, "strong", True),
+    (2, 63, 1, 32, 64, "strong", False),
+]
+if ON_GPU:
+    CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
+              (3, 200, 2, 128, 64, "none", True)]
+
+
+def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    # unit keys and beta in (0, 1), as a delta-rule layer feeds them, keep the state bounded
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
+    low = {"weak": 0.05, "strong": 10.0}.get(decay)
+    g = None if low is None else -low * torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_h0 else None
+    xs = [q.to(dtype), k.to(dtype), v.to(dtype), beta.to(dtype), g, h0]
+    return [None if x is None else x.to(DEVICE).requires_grad_() for x in xs]
+
+
+def run_both(xs, output_final_state=True):
+    q, k, v, beta, g, h0 = xs
+    o, ht = chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=output_final_state)
+    ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
+    o_ref, ht_ref = naive_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=output_final_state)
+    return (o, ht), (o_ref, ht_ref), ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
+def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+    seed = fresh_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    (o, ht), (o_ref, ht_ref), ref = run_both(xs)
+    assert o.dtype == dtype and ht.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
+    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
+    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(DEVICE)
+    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    for name, x, x_ref in zip(("q", "k", "v", "beta", "g", "initial_state"), xs, ref):
+        if x is None:
+            continue
+        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
+        err = rel_err(x.grad, x_ref.grad)
+        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"
+
+
+def test_without_final_state_and_with_scale():
+    seed = fresh_seed()
+    q, k, v, beta, g, h0 = make_inputs(1, 40, 2, 32, 32, "weak", True, torch.float32, seed)
+    o, ht = chunk_delta_rule(q, k, v, beta, g, scale=0.3, initial_state=h0)
+    assert ht is None
+    ref = [x.detach().double().requires_grad_() for x in (q, k, v, beta, g, h0)]
+    o_ref, _ = naive_delta_rule(*ref[:5], scale=0.3, initial_state=ref[5])
+    assert rel_err(o, o_ref) <= 1e-4, f"seed={seed}"
+    o.sum().backward()
+    o_ref.sum().backward()
+    for name, x, x_ref in zip(("q", "k", "v", "beta", "g", "h0"), (q, k, v, beta, g, h0), ref):
+        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+def test_bad_inputs_raise_one_line_errors():
+    q = torch.zeros(1, 4, 2, 32, device=DEVICE)
+    beta = torch.zeros(1, 4, 2, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^k must be \[B, T, H, K\]"):
+        chunk_delta_rule(q, q[:, :3], q, beta)
+    with pytest.raises(ValueError, match=r"^beta must be \[B, T, H\]"):
+        chunk_delta_rule(q, q, q, beta[:, :3])
+    with pytest.raises(ValueError, match="^v must have the dtype of the first input"):
+        chunk_delta_rule(q, q, q.half(), beta)
+    with pytest.raises(ValueError, match="head size must be in"):
+        chunk_delta_rule(q, q, torch.zeros(1, 4, 2, 256, device=DEVICE), beta)
+    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
+        chunk_delta_rule(q, q, q, beta, initial_state=torch.zeros(1, 2, 32, 16, device=DEVICE))

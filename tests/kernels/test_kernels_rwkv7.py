@@ -1,0 +1,89 @@
+"""The Triton RWKV-7 recurrence against the float64 token loop, forward and every gradient."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
+from ltm.kernels import chunk_rwkv7
+from ltm.kernels.rwkv7 import CHUNK
+from ltm.ops.rwkv7.naive import naive_rwkv7
+
+# (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
+# decay "weak" (w in [-0.05, 0]) or "strong" (w in [-10, 0] per token and channel)
+CASES = [
+    (1, 1, 1, 32, 32, "weak", True),
+    (1, 11, 2, 32, 32, "strong", False),
+    (1, CHUNK, 1, 64, 64, "weak", True),
+    (2, CHUNK + 5, 1, 32, 64, "strong", True),
+]
+if ON_GPU:
+    CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 64, "strong", True),
+              (3, 200, 2, 64, 128, "weak", False)]
+
+
+def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(B, T, H, K, generator=gen)
+    low = {"weak": 0.05, "strong": 10.0}[decay]
+    w = -low * torch.rand(B, T, H, K, generator=gen)
+    k = 0.5 * torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, H, V, generator=gen)
+    # as in RWKV-7: a = -kk, b = kk * in-context learning rate, kk a unit key
+    kk = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    a, b = -kk, kk * torch.rand(B, T, H, K, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_h0 else None
+    xs = [x.to(dtype) for x in (r, w, k, v, a, b)] + [h0]
+    return [None if x is None else x.to(DEVICE).requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
+def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+    seed = fresh_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
+    ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
+    o_ref, ht_ref = naive_rwkv7(*ref[:6], initial_state=ref[6], output_final_state=True)
+    assert o.dtype == dtype and ht.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
+    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
+    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(DEVICE)
+    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "initial_state"), xs, ref):
+        if x is None:
+            continue
+        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
+        err = rel_err(x.grad, x_ref.grad)
+        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"
+
+
+def test_without_final_state():
+    seed = fresh_seed()
+    xs = make_inputs(1, 9, 1, 32, 32, "weak", True, torch.float32, seed)
+    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6])
+    assert ht is None
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    o_ref, _ = naive_rwkv7(*ref[:6], initial_state=ref[6])
+    assert rel_err(o, o_ref) <= 1e-4, f"seed={seed}"
+    o.sum().backward()
+    o_ref.sum().backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "h0"), xs, ref):
+        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+def test_bad_inputs_raise_one_line_errors():
+    r = torch.zeros(1, 4, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^a must be \[B, T, H, K\]"):
+        chunk_rwkv7(r, r, r, r, r[:, :3], r)
+    with pytest.raises(ValueError, match=r"^v must be \[B, T, H, V\]"):
+        chunk_rwkv7(r, r, r, r[:, :2], r, r)
+    with pytest.raises(ValueError, match="^b must have the dtype of the first input"):
+        chunk_rwkv7(r, r, r, r, r, r.half())
+    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
+        chunk_rwkv7(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))

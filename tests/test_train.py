@@ -1,0 +1,272 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from ltm import checkpoint as ckpt
+from ltm.cache import DataConfig, build_cache
+from ltm.model import ModelConfig
+from ltm.params import ParamsError, from_mapping
+from ltm.train import (OptConfig, TrainConfig, Trainer, TrainingDiverged, lr_factor,
+                       resolve_switches, run_training, train_stage)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    # on a shared two-core machine, two spinning OpenMP threads per process make tiny steps 10x
+    # slower; one thread is also what the subprocesses below get
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("train_corpus")
+    rng = np.random.default_rng()
+    words = ["king", "queen", "crown", "sword", "night", "love", "death", "the", "of", "and"]
+    for i in range(8):
+        (root / f"doc{i}.txt").write_text(f"Document {i}.\n" + " ".join(rng.choice(words, 600)) + "\n")
+    cache = tmp_path_factory.mktemp("train_cache")
+    build_cache(DataConfig(source=str(root), vocab_size=300, val_fraction=0.25, shard_tokens=4096,
+                           cache_dir=str(cache)), progress=False)
+    return str(cache)
+
+
+def tiny(mixer: str = "attention", **train) -> tuple[ModelConfig, TrainConfig]:
+    opt = train.pop("opt", {})
+    settings = dict(steps=3, batch_size=4, seq_len=16, warmup_steps=1, eval_every=100,
+                    eval_batches=2, log_every=1, timing_warmup=1, resume=False,
+                    seed=int(torch.randint(0, 2**31, (1,))), opt=OptConfig(**opt))
+    settings.update(train)
+    return (ModelConfig(mixer=mixer, n_layers=2, d_model=32, n_heads=2, max_seq_len=32),
+            TrainConfig(**settings))
+
+
+def train_losses(result) -> list[float]:
+    return [r["loss"] for r in result.history if r["split"] == "train"]
+
+
+def rel_diff(a: list[float], b: list[float]) -> float:
+    a, b = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    return float((a - b).norm() / b.norm())
+
+
+def write_params(path: Path, cache_dir: str, model: dict, train: dict) -> Path:
+    path.write_text(yaml.safe_dump({"data": {"cache_dir": cache_dir}, "model": model, "train": train}))
+    return path
+
+
+def cli(params: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ltm.train", "--params", str(params), "--out-dir", str(out / "ckpt"),
+            "--metrics", str(out / "train.json"), "--plot", str(out / "loss.csv"), "--no-progress", *extra]
+
+
+def test_config_errors_are_one_line():
+    with pytest.raises(ParamsError, match=r"^train.opt.amp: expected 'auto' or 'off'"):
+        from_mapping(TrainConfig, {"opt": {"amp": "fp8"}}, "train")
+    with pytest.raises(ParamsError, match=r"^train.stepz: unknown parameter \(did you mean 'steps'"):
+        from_mapping(TrainConfig, {"stepz": 3}, "train")
+    with pytest.raises(ParamsError, match=r"^train.batch_size: expected int or 'auto'"):
+        from_mapping(TrainConfig, {"batch_size": "big"}, "train")
+    with pytest.raises(ParamsError, match=r"^train.min_lr: must be in"):
+        from_mapping(TrainConfig, {"lr": 1e-3, "min_lr": 1e-2}, "train")
+    assert from_mapping(TrainConfig, {"batch_size": "auto", "opt": {"tf32": True}}, "train").opt.tf32
+
+
+def test_auto_switches_are_off_on_the_cpu_and_on_for_cuda():
+    cpu = resolve_switches(OptConfig(), torch.device("cpu"))
+    assert (cpu.amp, cpu.compile, cpu.fused_loss, cpu.pin_memory) == ("off", False, False, False)
+    cuda = resolve_switches(OptConfig(pin_memory=True), torch.device("cuda"))
+    assert (cuda.amp, cuda.tf32, cuda.compile, cuda.fused_adamw, cuda.pin_memory) == ("bf16", True, True, True, True)
+    assert not resolve_switches(OptConfig(pin_memory=True), torch.device("cpu")).pin_memory
+
+
+def test_lr_warms_up_linearly_then_decays_to_min_lr():
+    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1.0, min_lr=0.1)
+    factors = [lr_factor(step, cfg) for step in range(101)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[10] == pytest.approx(1.0) and factors[100] == pytest.approx(0.1)
+    assert factors[55] == pytest.approx(0.55)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+
+
+def test_a_short_run_learns_and_writes_metrics_and_curves(cache_dir, tmp_path):
+    model_cfg, cfg = tiny(steps=30, eval_every=10, lr=1e-2, batch_size=8)
+    result = run_training(model_cfg, cfg, cache_dir, str(tmp_path / "ckpt"), progress=False)
+    losses = train_losses(result)
+    assert len(losses) == 30 and losses[-1] < losses[0] - 1.0, f"no learning: {losses}"
+    val_steps = [r["step"] for r in result.history if r["split"] == "val"]
+    assert val_steps == [10, 20, 30]
+    m = result.metrics
+    assert m["steps"] == 30 and m["val_loss"] == result.history[-1]["loss"]
+    assert m["tokens_per_step"] == 8 * 16 and m["tokens_per_s"] > 0 and m["timed_steps"] == 29
+    assert m["mfu"] is None and 0 <= m["data_wait_fraction"] < 1 and m["peak_memory_mib"] > 0
+    assert m["params"] > m["params_non_embedding"] > 0
+    assert (tmp_path / "ckpt" / ckpt.CHECKPOINT_FILE).is_file()
+
+
+def test_gradient_accumulation_equals_one_big_batch(cache_dir, tmp_path):
+    model_cfg, big = tiny(batch_size=8, grad_accum=1)
+    seed = big.seed
+    _, small = tiny(batch_size=2, grad_accum=4, seed=seed)
+    whole = train_losses(run_training(model_cfg, big, cache_dir, str(tmp_path / "a"), progress=False))
+    parts = train_losses(run_training(model_cfg, small, cache_dir, str(tmp_path / "b"), progress=False))
+    # same rows, same weights; float32 sums in another order
+    assert rel_diff(parts, whole) < 1e-5, f"{parts} vs {whole} (seed {seed})"
+
+
+def test_fused_loss_trains_like_the_plain_loss(cache_dir, tmp_path):
+    model_cfg, plain = tiny(opt={"fused_loss": False})
+    _, fused = tiny(seed=plain.seed, opt={"fused_loss": True})
+    a = train_losses(run_training(model_cfg, plain, cache_dir, str(tmp_path / "a"), progress=False))
+    b = train_losses(run_training(model_cfg, fused, cache_dir, str(tmp_path / "b"), progress=False))
+    assert rel_diff(b, a) < 1e-5, f"{b} vs {a} (seed {plain.seed})"
+
+
+@pytest.mark.parametrize("mixer,opt", [
+    ("attention", {"amp": "bf16"}), ("attention", {"amp": "fp16"}),
+    ("attention", {"fused_adamw": True, "tf32": True}), ("deltanet", {"workers": 2}),
+    ("rwkv7", {"pretokenized": False}), ("attention", {"pin_memory": True, "fused_loss": True}),
+], ids=["amp-bf16", "amp-fp16", "fused-adamw-tf32", "workers2-deltanet", "raw-text-rwkv7",
+        "pin-memory-fused-loss"])
+def test_each_switch_runs_on_the_cpu(cache_dir, tmp_path, mixer, opt):
+    model_cfg, cfg = tiny(mixer, eval_every=3, opt=opt)
+    result = run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    losses = train_losses(result)
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses), losses
+    assert math.isfinite(result.metrics["val_loss"])
+    switches = result.metrics["switches"]
+    for key, value in opt.items():
+        expected = False if key in ("pin_memory", "tf32") else value  # CUDA-only switches
+        assert switches[key] == expected, (key, switches)
+
+
+def test_batch_size_auto_falls_back_on_the_cpu(cache_dir, tmp_path, capsys):
+    model_cfg, cfg = tiny(batch_size="auto", steps=1)
+    result = run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    assert result.metrics["batch_size"] == 16
+    assert "memory is not probed on the CPU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not os.environ.get("LTM_SLOW_TESTS"), reason="torch.compile on a CPU takes "
+                    "minutes; set LTM_SLOW_TESTS=1")
+def test_compile_trains_like_eager(cache_dir, tmp_path):
+    model_cfg, eager = tiny()
+    _, compiled = tiny(seed=eager.seed, opt={"compile": True})
+    a = train_losses(run_training(model_cfg, eager, cache_dir, str(tmp_path / "a"), progress=False))
+    b = train_losses(run_training(model_cfg, compiled, cache_dir, str(tmp_path / "b"), progress=False))
+    assert rel_diff(b, a) < 1e-4, f"{b} vs {a} (seed {eager.seed})"
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(cache_dir, tmp_path, monkeypatch):
+    model_cfg, cfg = tiny(steps=6, checkpoint_every=2)
+    train_step = Trainer.train_step
+
+    def poisoned_step(self, batches, timing):
+        if self.step == 3:
+            with torch.no_grad():
+                self.model.embed.weight[0, 0] = float("nan")
+        train_step(self, batches, timing)
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned_step)
+    with pytest.raises(TrainingDiverged, match=r"train loss is nan at step 4: stopped; the last "
+                       r"good checkpoint, step 2, is kept"):
+        run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    saved = ckpt.load_checkpoint(tmp_path / ckpt.CHECKPOINT_FILE)
+    assert saved["step"] == 2
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_resume_only_when_the_configs_match(cache_dir, tmp_path, capsys):
+    model_cfg, cfg = tiny(steps=2, resume=True)
+    run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    longer = TrainConfig(**{**cfg.__dict__, "steps": 4})
+    result = run_training(model_cfg, longer, cache_dir, str(tmp_path), progress=False)
+    assert "resuming from" in capsys.readouterr().out and len(train_losses(result)) == 4
+    changed = TrainConfig(**{**cfg.__dict__, "steps": 4, "lr": cfg.lr / 2})
+    result = run_training(model_cfg, changed, cache_dir, str(tmp_path), progress=False)
+    out = capsys.readouterr().out
+    assert "not resuming" in out and "train.lr was 0.003, now 0.0015; starting fresh" in out
+    assert [r["step"] for r in result.history if r["split"] == "train"] == [1, 2, 3, 4]
+
+
+def run_to_completion(command: list[str]) -> None:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
+    model = dict(n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
+    train = dict(steps=24, batch_size=4, seq_len=16, warmup_steps=4, eval_every=12, eval_batches=2,
+                 checkpoint_every=3, log_every=1, resume=True, seed=int(torch.randint(0, 2**31, (1,))))
+    params = write_params(tmp_path / "params.yaml", cache_dir, model, train)
+    # the uninterrupted run in this process (one thread, as the subprocesses have)
+    whole_dir = tmp_path / "whole"
+    train_stage(params, [], str(whole_dir / "ckpt"), whole_dir / "train.json", whole_dir / "loss.csv",
+                progress=False)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(cli(params, killed), cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    checkpoint = killed / "ckpt" / ckpt.CHECKPOINT_FILE
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    step = ckpt.load_checkpoint(checkpoint)["step"]
+    assert 3 <= step < 24 and not (killed / "train.json").exists()
+
+    run_to_completion(cli(params, killed))
+    assert (killed / "loss.csv").read_text() == (tmp_path / "whole" / "loss.csv").read_text(), \
+        f"killed at step {step}, seed {train['seed']}"
+    whole = json.loads((tmp_path / "whole" / "train.json").read_text())
+    resumed = json.loads((killed / "train.json").read_text())
+    assert resumed["val_loss"] == whole["val_loss"] and resumed["train_loss"] == whole["train_loss"]
+
+
+def test_two_ddp_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path):
+    model = dict(n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
+    train = dict(steps=3, batch_size=8, seq_len=16, warmup_steps=1, eval_every=3, eval_batches=2,
+                 log_every=1, resume=False, seed=int(torch.randint(0, 2**31, (1,))))
+    one = write_params(tmp_path / "one.yaml", cache_dir, model, train)
+    two = write_params(tmp_path / "two.yaml", cache_dir, model, {**train, "batch_size": 4})
+    train_stage(one, [], str(tmp_path / "one" / "ckpt"), tmp_path / "one" / "train.json",
+                tmp_path / "one" / "loss.csv", progress=False)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    run_to_completion(torchrun + cli(two, tmp_path / "two")[1:])
+    single = json.loads((tmp_path / "one" / "train.json").read_text())
+    ddp = json.loads((tmp_path / "two" / "train.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["tokens_per_step"] == single["tokens_per_step"]
+    rows = [[float(line.split(",")[2]) for line in (tmp_path / d / "loss.csv").read_text().split()[1:]]
+            for d in ("one", "two")]
+    assert len(rows[0]) == 4 and rel_diff(rows[1], rows[0]) < 1e-5, f"{rows} (seed {train['seed']})"
+
+
+def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
+    params = write_params(tmp_path / "params.yaml", cache_dir,
+                          dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32),
+                          dict(steps=2, batch_size=2, seq_len=16, eval_batches=1, resume=False))
+    result = train_stage(params, ["model.mixer=deltanet", "train.steps=3"], str(tmp_path / "ckpt"),
+                         tmp_path / "m" / "train.json", tmp_path / "p" / "train_loss.csv", progress=False)
+    assert result.metrics["mixer"] == "deltanet" and result.metrics["steps"] == 3
+    assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
+    lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
+    assert lines[0] == "step,split,loss" and lines[-1].startswith("3,val,") and len(lines) == 5
+    with pytest.raises(ParamsError, match="--set train: expected section.key=value"):
+        train_stage(params, ["train"], progress=False)
