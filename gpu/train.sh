@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: each mixer at
-# T=1024 and T=8192, attention with compile on and off, and deltanet's loss curves with the
-# triton vs the torch kernel on the token cache (if data/cache is there). Short runs: steps 40,
+# Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
+# deltanet at T=1024 and T=8192, attention with compile off and with the plain loss, rwkv7, and
+# deltanet's loss curves with the triton vs the torch kernel on the token cache (if there). Short runs: steps 40,
 # the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # /tmp/gpu_runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
+# PARAMS and EXTRA (more --set items, space-separated) let the script be tried on a CPU first.
 set -u
+params=${PARAMS:-configs/gpu.yaml}
+extra=(${EXTRA:-})
 out=${OUT:-gpu_out}
 runs=/tmp/gpu_runs
 mkdir -p "$runs"
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
-  torch.cuda.get_device_name(0))'
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
 
-train() {  # name, limit in seconds, then --set overrides
+train() {  # name, limit in seconds, then --set overrides; skipped past 500 s of the script
   local name=$1 limit=$2
   shift 2
+  if ((SECONDS + 30 > 500)); then echo "== $name SKIPPED (out of time)"; return; fi
   local sets=()
-  for item in "$@"; do sets+=(--set "$item"); done
+  for item in "${extra[@]}" "$@"; do sets+=(--set "$item"); done
   echo "== $name: $*"
   local begin=$SECONDS
-  timeout "$limit" python3 -m ltm.train --params configs/gpu.yaml "${sets[@]}" --no-progress \
+  timeout "$limit" python3 -m ltm.train --params "$params" "${sets[@]}" --no-progress \
     --out-dir "/tmp/ckpt/$name" --metrics "$runs/$name.json" --plot "$runs/$name.csv" \
     || echo "== $name FAILED (exit $?)"
   echo "== $name took $((SECONDS - begin)) s"
@@ -27,15 +31,16 @@ train() {  # name, limit in seconds, then --set overrides
 
 long=(train.seq_len=8192 train.batch_size=2)
 train attention-T1024-compiled 150
-train attention-T1024-eager 90 train.opt.compile=false
 train deltanet-T1024-compiled 150 model.mixer=deltanet
-train attention-T8192-compiled 150 "${long[@]}"
-train deltanet-T8192-compiled 150 model.mixer=deltanet "${long[@]}"
-train rwkv7-T1024-eager 90 model.mixer=rwkv7 train.opt.compile=false
+train attention-T8192-compiled 120 "${long[@]}"
+train deltanet-T8192-compiled 120 model.mixer=deltanet "${long[@]}"
+train attention-T1024-eager 60 train.opt.compile=false
+train attention-T1024-compiled-plainloss 120 train.opt.fused_loss=false
+train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
-  train deltanet-cache-triton 90 model.mixer=deltanet "${real[@]}"
-  train deltanet-cache-torch 90 model.mixer=deltanet model.kernel=torch "${real[@]}"
+  train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
+  train deltanet-cache-torch 60 model.mixer=deltanet model.kernel=torch "${real[@]}"
 fi
 
 python3 - "$runs" "$out" <<'PY'

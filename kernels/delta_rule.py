@@ -270,6 +270,12 @@ def _value_block(K: int, V: int) -> int:
     return min(block_size(V), 32 if K > 64 else 64)
 
 
+def _launch_options(K: int) -> dict:
+    # wide keys: (BT, 128) float32 tiles need 8 warps to stay (mostly) in registers, and one
+    # pipeline stage to fit the shared memory of a Hopper SM (232 KB)
+    return {"num_warps": 8, "num_stages": 1} if K > 64 else {"num_warps": 4, "num_stages": 2}
+
+
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -281,7 +287,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     gcum = _nan((B, T, H), f32, dev)
     linv = _nan((B * H, NT, BT, BT), f32, dev)
     _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
-                                  precision, num_warps=4)
+                                  precision, **_launch_options(K))
     BV = _value_block(K, V)
     h = _nan((B * H, NT, K, V), f32, dev)
     d = _nan((B, T, H, V), f32, dev)
@@ -289,7 +295,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     ht = _nan((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, u, gcum, h, d, o, initial_state, ht, scale, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, precision, num_warps=4)
+        initial_state is not None, output_final_state, precision, **_launch_options(K))
     return o, ht, (w, u, d, gcum, linv, h)
 
 
@@ -306,13 +312,13 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dh0 = _nan((B, H, K, V), f32, dev) if initial_state is not None else None
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H, K, V, BT, BK, BV,
-        dht is not None, dh0 is not None, precision, num_warps=4)
+        dht is not None, dh0 is not None, precision, **_launch_options(K))
     dq, dk = _nan(q.shape, q.dtype, dev), _nan(k.shape, k.dtype, dev)
     dv = _nan(v.shape, v.dtype, dev)
     dbeta, dg = _nan(beta.shape, beta.dtype, dev), _nan(beta.shape, f32, dev)
     _bwd_chunk_kernel[(NT, B * H)](
         q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg, scale,
-        T, H, K, V, BT, BK, BV, precision, num_warps=8 if K > 64 else 4)
+        T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -5,13 +5,14 @@ keeps them (and their softmax) for the backward pass: at N = 16k tokens and V = 
 3.2 GB per copy. `chunked_cross_entropy` walks the N rows in chunks, and for each chunk computes
 the logits, the loss and, right away, the gradients of that chunk with respect to hidden and
 weight; the chunk's logits are then dropped. Only the gradients (N, D) and (V, D) are kept for
-backward, which merely scales them by the incoming gradient. Peak extra memory is one chunk of
-float32 logits, (rows, V), instead of (N, V).
+backward, which merely scales them by the incoming gradient. Peak extra memory is a few copies
+of one chunk of logits, (rows, V) with rows * V <= CHUNK_LOGITS, whatever N is.
 
 `cross_entropy_reference` is the plain form the chunked one is tested against.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,53 +29,58 @@ def cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor, targets:
     return F.cross_entropy(logits.float(), targets.reshape(-1), ignore_index=ignore_index)
 
 
-def default_chunk_rows(num_rows: int, vocab_size: int, dim: int) -> int:
-    """Rows per chunk so that one chunk of logits (rows, V) is about as large as hidden (N, D):
-    the loss then never needs much more memory than the activations it is computed from."""
-    chunks = max(1, math.ceil(vocab_size / dim))
-    return max(1, math.ceil(num_rows / chunks))
+# logits per chunk (rows * vocab), 256 MiB in float32: small next to full logits, large enough
+# that the weight gradient, accumulated once per chunk, costs few passes over (V, D)
+CHUNK_LOGITS = 1 << 26
 
 
-def _chunk_loss_and_grads(h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor,
-                          ignore_index: int, want_grads: bool):
-    """Summed loss of one chunk and, if wanted, d(sum loss)/dh and d(sum loss)/dweight.
-    h (R, D), weight (V, D), t (R,)."""
-    logits = (h @ weight.t()).float()  # (R, V)
-    lse = torch.logsumexp(logits, dim=-1)  # (R,)
+def default_chunk_rows(num_rows: int, vocab_size: int) -> int:
+    return max(1, min(num_rows, CHUNK_LOGITS // vocab_size))
+
+
+def _loss_and_grad_logits(logits: torch.Tensor, t: torch.Tensor, ignore_index: int,
+                          want_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed loss of one chunk of logits (R, V) with targets t (R,), and d(sum loss)/d(logits)
+    in the logits' dtype (or None). Elementwise work only: the part worth compiling."""
+    logits32 = logits.float()
+    lse = torch.logsumexp(logits32, dim=-1)  # (R,)
     valid = t != ignore_index
     safe_t = torch.where(valid, t, torch.zeros_like(t))
-    target_logit = logits.gather(1, safe_t[:, None]).squeeze(1)  # (R,)
-    loss_sum = ((lse - target_logit) * valid).sum()
-    if not want_grads:
-        return loss_sum, None, None
-    # d(loss)/d(logits) = softmax - onehot(target), zero on ignored rows; reuse the logits buffer
-    grad_logits = logits.sub_(lse[:, None]).exp_()
-    grad_logits[torch.arange(len(t), device=t.device), safe_t] -= 1.0
-    grad_logits.mul_(valid[:, None])
-    grad_logits = grad_logits.to(h.dtype)
-    grad_h = grad_logits @ weight  # (R, D)
-    grad_w = (grad_logits.t() @ h).float()  # (V, D)
-    return loss_sum, grad_h, grad_w
+    target_logit = logits32.gather(1, safe_t[:, None]).squeeze(1)  # (R,)
+    loss_sum = torch.where(valid, lse - target_logit, torch.zeros_like(lse)).sum()
+    if not want_grad:
+        return loss_sum, None
+    # softmax - onehot(target); a row left out gets lse = inf, so its softmax is exactly 0
+    grad = torch.exp(logits32 - torch.where(valid, lse, torch.full_like(lse, math.inf))[:, None])
+    grad = grad.index_put((torch.arange(len(t), device=t.device), safe_t), -valid.float(),
+                          accumulate=True)
+    return loss_sum, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_loss_and_grad_logits():
+    # made on first use: importing the compiler stack costs seconds that most runs do not need
+    return torch.compile(_loss_and_grad_logits)
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and its gradients chunk by chunk; saves only the gradients."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_rows: int, ignore_index: int):
+    def forward(ctx, hidden, weight, targets, chunk_rows: int, ignore_index: int, compile: bool):
         want_grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        elementwise = _compiled_loss_and_grad_logits() if compile else _loss_and_grad_logits
+        grad_hidden = torch.full_like(hidden, math.nan) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            chunk_loss, grad_h, grad_w = _chunk_loss_and_grads(
-                hidden[rows], weight, targets[rows], ignore_index, want_grads)
+            h, t = hidden[start:start + chunk_rows], targets[start:start + chunk_rows]
+            chunk_loss, grad_logits = elementwise(h @ weight.t(), t, ignore_index, want_grads)
             loss_sum += chunk_loss
             if grad_hidden is not None:
-                grad_hidden[rows] = grad_h
+                grad_hidden[start:start + chunk_rows] = grad_logits @ weight  # (R, D)
             if want_grads:
-                grad_weight += grad_w
+                grad_weight += grad_logits.t() @ h  # (V, D)
         count = (targets != ignore_index).sum().clamp(min=1)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype), count)
         return loss_sum / count
@@ -85,18 +91,20 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         scale = grad_loss / count
         dh = grad_hidden * scale.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
         dw = grad_weight * scale.to(grad_weight.dtype) if ctx.needs_input_grad[1] else None
-        return dh, dw, None, None, None
+        return dh, dw, None, None, None, None
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk_rows: int | None = None,
-                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                          chunk_rows: int | None = None, ignore_index: int = IGNORE_INDEX,
+                          compile: bool = False) -> torch.Tensor:
     """Mean cross-entropy of logits hidden @ weight^T (rows with target == ignore_index left out),
     computed in chunks of rows so that full (N, V) float32 logits never exist.
 
     hidden: (..., D) float32, bfloat16 or float16; weight: (V, D) (the tied embedding / head);
     targets: (...) int64 with the leading shape of hidden. Under autocast both operands are cast
     to the autocast dtype, as a plain matmul would be. The logits, log-sum-exp and loss are float32.
+    chunk_rows: rows per chunk, default CHUNK_LOGITS // V. compile: torch.compile the elementwise
+    part of each chunk (log-sum-exp, softmax, one-hot), one fused pass instead of several.
     Returns a float32 scalar, differentiable with respect to hidden and weight.
     """
     if hidden.shape[:-1] != targets.shape:
@@ -115,9 +123,35 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     targets = targets.reshape(-1)  # (N,)
     if chunk_rows is None:
-        chunk_rows = default_chunk_rows(hidden.shape[0], weight.shape[0], hidden.shape[1])
+        chunk_rows = default_chunk_rows(hidden.shape[0], weight.shape[0])
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows: expected a positive int, got {chunk_rows}")
     # the casts above are autocast's job done by hand; inside, every op runs in the given dtypes
     with torch.autocast(device_type, enabled=False):
-        return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk_rows, ignore_index)
+        return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk_rows, ignore_index, compile)
+
+
+def infer_latents(nll, shape: tuple[int, ...], steps: int, lr: float, device: torch.device,
+                  ) -> torch.Tensor:
+    """Latent thought vectors for a batch: the fast, inner loop of latent-thought training.
+
+    Each sequence gets its own Gaussian posterior q(z) = N(mu, sigma^2) over z of `shape`
+    (B, n_layers * n_latent, d_model), fitted by `steps` Adam steps on the negative ELBO
+        nll(z) + KL(q || N(0, I)) / tokens,   z = mu + sigma * eps (reparameterised),
+    where nll(z) -> (mean loss per token, tokens) is the decoder's loss given z. Only mu and sigma
+    are updated here; the decoder's gradients are not touched. Returns a sample of the fitted
+    posterior, detached: the slow, outer loop then trains the decoder given it.
+    """
+    mu = torch.zeros(shape, device=device, requires_grad=True)
+    # sigma starts at 1, the prior's
+    log_sigma = torch.zeros(shape, device=device, requires_grad=True)
+    optimizer = torch.optim.Adam([mu, log_sigma], lr=lr)
+    for _ in range(steps):
+        z = mu + log_sigma.exp() * torch.randn_like(mu)
+        loss, tokens = nll(z)
+        kl = 0.5 * (mu.square() + (2 * log_sigma).exp() - 1 - 2 * log_sigma).sum()
+        grads = torch.autograd.grad(loss + kl / tokens, [mu, log_sigma])
+        mu.grad, log_sigma.grad = grads
+        optimizer.step()
+    with torch.no_grad():
+        return mu + log_sigma.exp() * torch.randn_like(mu)

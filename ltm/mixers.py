@@ -56,7 +56,8 @@ def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=
                                 output_final_state=output_final_state, chunk_size=chunk_size)
     if kernel == "triton":
         from ltm.kernels import chunk_delta_rule as triton_delta_rule
-        return triton_delta_rule(q, k, v, beta, g, initial_state=initial_state,
+        # the kernels take q, k, v, beta in one dtype (bf16 under autocast); g may stay float32
+        return triton_delta_rule(q, k, v, beta.to(v.dtype), g, initial_state=initial_state,
                                  output_final_state=output_final_state)
     if kernel == "fla":
         check_kernel(kernel)
@@ -74,6 +75,10 @@ def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
         o, state = naive_delta_rule(q[:, None], k[:, None], v[:, None], beta[:, None], g[:, None],
                                     initial_state=state, output_final_state=True)
         return o[:, 0], state
+    if kernel == "triton":
+        from ltm.kernels import delta_rule_step as triton_step
+        return triton_step(q, k, v, beta.to(v.dtype), g, scale=q.shape[-1] ** -0.5, state=state)
+    # torch and fla: one token is a few small batched matmuls
     return delta_rule_step(q, k, v, beta, g, scale=q.shape[-1] ** -0.5, state=state)
 
 
@@ -88,6 +93,9 @@ def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
         from ltm.ops.rwkv7.chunk import chunk_rwkv7
         return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state, chunk_size=chunk_size)
+    if kernel in ("triton", "fla"):
+        # both take all six inputs in one dtype (bf16 under autocast, where w, a, b are float32)
+        r, w, k, a, b = (x.to(v.dtype) for x in (r, w, k, a, b))
     if kernel == "triton":
         from ltm.kernels import chunk_rwkv7 as triton_rwkv7
         return triton_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
@@ -108,6 +116,11 @@ def rwkv7_one_token(r, w, k, v, a, b, state, *, kernel: str):
         o, state = naive_rwkv7(*(x[:, None] for x in (r, w, k, v, a, b)),
                                initial_state=state, output_final_state=True)
         return o[:, 0], state
+    if kernel == "triton":
+        from ltm.kernels import rwkv7_step as triton_step
+        return triton_step(*(x.to(v.dtype) for x in (r, w, k)), v,
+                           *(x.to(v.dtype) for x in (a, b)), state=state)
+    # torch and fla: one token is a few small batched matmuls
     return rwkv7_step(r, w, k, v, a, b, state=state)
 
 

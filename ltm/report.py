@@ -62,16 +62,19 @@ def data_section(metrics_dir: Path) -> Section:
     return Section("Data", [_flat_table(metrics)], [])
 
 
+def loss_figure(curve: pd.DataFrame) -> plt.Figure:
+    """Train and validation loss per step, from rows (step, split, loss)."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    sns.lineplot(data=curve, x="step", y="loss", hue="split", marker=".", ax=ax)
+    ax.set_title("loss per step")
+    return fig
+
+
 def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     metrics, curve = _read_json(metrics_dir / "train.json"), _read_csv(plots_dir / "train_loss.csv")
     if metrics is None:
         return _missing("Training", "train")
-    figures = []
-    if curve is not None and len(curve):
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        sns.lineplot(data=curve, x="step", y="loss", hue="split", marker=".", ax=ax)
-        ax.set_title("loss per step")
-        figures.append(fig)
+    figures = [loss_figure(curve)] if curve is not None and len(curve) else []
     return Section("Training", [_flat_table(metrics)], figures)
 
 

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, open_source, with_vocab
-from ltm.losses import chunked_cross_entropy
+from ltm.losses import chunked_cross_entropy, infer_latents
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, check, from_mapping, read_params, to_dict
 
@@ -84,17 +84,22 @@ class TrainConfig:
     log_every: int = 10  # steps between progress updates (each one waits for the device)
     timing_warmup: int = 5  # first steps left out of tokens/s (compilation, allocator warm-up)
     memory_fraction: float = 0.85  # batch_size auto: share of GPU memory a step may use
+    # latent thoughts (model.n_latent > 0): Adam steps fitting each batch's latent posterior
+    # before the decoder's step (0 = train without latents), and their learning rate
+    latent_steps: int = 4
+    latent_lr: float = 0.3
     opt: OptConfig = field(default_factory=OptConfig)
 
     def __post_init__(self):
         for name in ("steps", "seq_len", "grad_accum", "eval_every", "eval_batches", "log_every"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "checkpoint_every", "timing_warmup"):
+        for name in ("warmup_steps", "checkpoint_every", "timing_warmup", "latent_steps"):
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         check(self.batch_size == "auto" or self.batch_size >= 1, "batch_size",
               f"must be >= 1 or auto, got {self.batch_size}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
         check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
+        check(self.latent_lr > 0, "latent_lr", f"must be > 0, got {self.latent_lr}")
         check(0 < self.memory_fraction <= 1, "memory_fraction",
               f"must be in (0, 1], got {self.memory_fraction}")
 
@@ -136,20 +141,41 @@ class TrainingDiverged(RuntimeError):
 
 
 class LossModel(nn.Module):
-    """The model plus its loss, as one module, so DDP and torch.compile see the whole step."""
+    """The model plus its loss, as one module, so DDP and torch.compile see the whole step. With
+    latent thoughts (model.n_latent > 0, latent_steps > 0) each batch first gets its latents
+    from the inner loop (ltm.losses.infer_latents), then the loss given them."""
 
-    def __init__(self, model: LTM, fused_loss: bool) -> None:
+    def __init__(self, model: LTM, fused_loss: bool, compile: bool, latent_steps: int,
+                 latent_lr: float) -> None:
         super().__init__()
-        self.model, self.fused_loss = model, fused_loss
+        self.model, self.fused_loss, self.compile = model, fused_loss, compile
+        self.latent_steps, self.latent_lr = latent_steps, latent_lr
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.fused_loss:
+            return self.model(x, y, z=z)[1]
+        hidden = self.model.hidden(x, z)  # (B, T, d_model)
+        return fused_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not self.fused_loss:
-            return self.model(x, y)[1]
-        hidden = self.model.hidden(x)  # (B, T, d_model)
-        return fused_loss(hidden, self.model.lm_head.weight, y)
+        z = None
+        if self.model.cfg.n_latent > 0 and self.latent_steps > 0:
+            z = self.posterior_sample(x, y)
+        return self.loss(x, y, z)
+
+    # an optimisation loop with its own autograd calls: left to eager mode
+    @torch.compiler.disable
+    def posterior_sample(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        cfg = self.model.cfg
+        shape = (x.shape[0], cfg.n_layers * cfg.n_latent, cfg.d_model)
+        # evaluation runs under no_grad, but the inner loop needs gradients with respect to z
+        with torch.enable_grad():
+            return infer_latents(lambda z: (self.loss(x, y, z), y.numel()), shape,
+                                 self.latent_steps, self.latent_lr, x.device)
 
 
-# the chunk loop is plain PyTorch with its own backward; the compiler gains nothing there
+# a loop with its own backward, left out of the model's graph; with compile on, it compiles the
+# elementwise part of each chunk by itself
 fused_loss = torch.compiler.disable(chunked_cross_entropy)
 
 
@@ -241,7 +267,8 @@ def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: 
     loss_model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, rows)
     for x, y in val.eval_batches(batch_size * world, cfg.seq_len, cfg.eval_batches):
-        x, y = x[rank * batch_size:(rank + 1) * batch_size], y[rank * batch_size:(rank + 1) * batch_size]
+        rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        x, y = x[rows], y[rows]
         if len(x) == 0:
             continue
         with autocast(device, sw.amp):
@@ -280,13 +307,15 @@ class Trainer:
         self.cfg, self.sw = cfg, resolve_switches(cfg.opt, self.device)
         # global state: set both ways, so that runs in one process do not leak into each other
         torch.set_float32_matmul_precision("high" if self.sw.tf32 else "highest")
-        self.source = "synthetic" if cfg.data == "synthetic" else ("cache" if self.sw.pretokenized else "raw")
+        self.source = ("synthetic" if cfg.data == "synthetic"
+                       else "cache" if self.sw.pretokenized else "raw")
         self.model_cfg = with_vocab(model_cfg, cache_dir, self.source)
         self.cache_dir, self.progress = cache_dir, progress
         self.path = Path(out_dir) / ckpt.CHECKPOINT_FILE
         seed_everything(cfg.seed)
         self.model = LTM(self.model_cfg).to(self.device)
-        self.loss_model = LossModel(self.model, self.sw.fused_loss)
+        self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent_steps,
+                                    cfg.latent_lr)
         self.batch_size = (find_batch_size(self.loss_model, cfg, self.sw, self.device,
                                            self.model_cfg.vocab_size, self.say)
                            if cfg.batch_size == "auto" else cfg.batch_size)
@@ -297,8 +326,8 @@ class Trainer:
         self.step_model: nn.Module = self.loss_model
         if self.world > 1:
             # unused parameters: the latent cross-attention when training without z
-            self.step_model = DistributedDataParallel(
-                self.loss_model, find_unused_parameters=self.model_cfg.n_latent > 0)
+            unused = self.model_cfg.n_latent > 0 and cfg.latent_steps == 0
+            self.step_model = DistributedDataParallel(self.loss_model, find_unused_parameters=unused)
         if self.sw.compile:
             self.step_model = torch.compile(self.step_model)
 
@@ -312,6 +341,8 @@ class Trainer:
         if saved is None:
             return None
         why = ckpt.resume_mismatch(saved, *self.config_dicts(), self.world)
+        if why is None and saved["step"] > self.cfg.steps:
+            why = f"it is at step {saved['step']}, past train.steps={self.cfg.steps}"
         if why is not None:
             self.say(f"not resuming from {self.path}: {why}; starting fresh")
             return None
@@ -414,10 +445,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{self.history[-1]['loss']:.3f}",
                                 tok_s=f"{self.tokens_per_s(timing, start_step + warm):,.0f}")
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                self.timed_aside(timing, lambda: self.history.append({
-                    "step": self.step, "split": "val",
-                    "loss": evaluate(self.step_model, val, cfg, self.batch_size, self.sw,
-                                     self.device, self.rank, self.world)}))
+                self.timed_aside(timing, lambda: self.validate(val))
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
                 self.timed_aside(timing, self.save)
             bar.update(1)
@@ -426,6 +454,11 @@ class Trainer:
         metrics = self.metrics(timing, start_step + warm, time.perf_counter() - started)
         self.save(metrics)
         return TrainResult(metrics, self.history, self.path)
+
+    def validate(self, val) -> None:
+        loss = evaluate(self.step_model, val, self.cfg, self.batch_size, self.sw, self.device,
+                        self.rank, self.world)
+        self.history.append({"step": self.step, "split": "val", "loss": loss})
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -493,7 +526,8 @@ def write_outputs(result: TrainResult, metrics_path: str | Path, plot_path: str 
     Path(plot_path).write_text("\n".join(rows) + "\n")
 
 
-def load_configs(params_path: str | Path, overrides: list[str] = ()) -> tuple[ModelConfig, TrainConfig, str]:
+def load_configs(params_path: str | Path,
+                 overrides: list[str] = ()) -> tuple[ModelConfig, TrainConfig, str]:
     """The model and train sections and data.cache_dir, with `section.key=value` overrides
     (values read as YAML) applied first."""
     params = read_params(params_path)

@@ -1,7 +1,9 @@
+import os
+
 import pytest
 import torch
 
-from ltm.losses import IGNORE_INDEX, chunked_cross_entropy, cross_entropy_reference
+from ltm.losses import IGNORE_INDEX, chunked_cross_entropy, cross_entropy_reference, infer_latents
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -40,6 +42,19 @@ def test_matches_cross_entropy_forward_and_backward(B, T, D, V, chunk_rows, igno
     out = loss_and_grads(chunked_cross_entropy, hidden, weight, targets, chunk_rows=chunk_rows)
     for name, a, b in zip(("loss", "d hidden", "d weight"), out, ref):
         # float32 throughout; only the summation order differs
+        assert rel_err(a, b) < 1e-5, f"{name}: rel err {rel_err(a, b):.2e} (seed {seed})"
+
+
+@pytest.mark.skipif(not os.environ.get("LTM_SLOW_TESTS"), reason="torch.compile on a CPU takes "
+                    "minutes; set LTM_SLOW_TESTS=1")
+def test_compiled_elementwise_part_matches():
+    seed = int(torch.randint(0, 2**31, (1,)))
+    hidden, weight, targets = make_inputs(seed, 2, 37, 24, 211, ignored=True)
+    torch.manual_seed(seed)
+    ref = loss_and_grads(cross_entropy_reference, hidden, weight, targets)
+    torch.manual_seed(seed)
+    out = loss_and_grads(chunked_cross_entropy, hidden, weight, targets, chunk_rows=16, compile=True)
+    for name, a, b in zip(("loss", "d hidden", "d weight"), out, ref):
         assert rel_err(a, b) < 1e-5, f"{name}: rel err {rel_err(a, b):.2e} (seed {seed})"
 
 
@@ -91,3 +106,22 @@ def test_bad_input_gives_one_line_error(bad, match):
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         chunked_cross_entropy(**args)
+
+
+def test_latent_inference_fits_the_posterior_of_a_gaussian_decoder():
+    # decoder: tokens ~ N(z, 1) per coordinate, so the exact posterior mean is n/(n+1) * mean(data)
+    seed = int(torch.randint(0, 2**31, (1,)))
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    n, shape = 50, (3, 2, 4)
+    data = torch.randn(n, *shape, generator=gen) + 2.0
+    tokens = n * shape[0]
+
+    def nll(z):
+        return 0.5 * (data - z).square().sum() / tokens, tokens
+
+    z = infer_latents(nll, shape, steps=300, lr=0.05, device=torch.device("cpu"))
+    exact_mean = n / (n + 1) * data.mean(0)
+    # a sample of the posterior, whose std is (n + 1) ** -0.5 = 0.14
+    assert (z - exact_mean).abs().max() < 0.8, f"seed {seed}"
+    assert nll(z)[0] < nll(torch.zeros(shape))[0] / 2, f"seed {seed}"

@@ -267,3 +267,42 @@ def test_flops_of_window_and_linear_mixers():
         model = tiny(MIXERS[name], dtype=torch.float32)
         base = 6 * model.num_params() + 6 * C * VOCAB
         assert model.flops_per_token(7) == model.flops_per_token(4000) == base + L * 18 * states * 64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs CUDA (through Triton's interpreter a whole model is too slow)")
+@pytest.mark.parametrize("kernel", ["triton", "fla"])
+@pytest.mark.parametrize("name", ["rwkv7", "deltanet", "deltanet-hier"])
+def test_gpu_kernels_match_naive(name, kernel):
+    """The Triton and fla paths inside the model, float32 on the GPU, against kernel naive:
+    logits, all gradients, prefill + decoding; and a bf16 autocast step that runs."""
+    if kernel == "fla" and importlib.util.find_spec("fla") is None:
+        pytest.skip("fla is not installed")
+    seed = new_seed()
+    model = tiny(MIXERS[name], dtype=torch.float32, d_model=64, n_heads=2, max_seq_len=96,
+                 n_latent=2).cuda().train()
+    idx, targets = torch.randint(0, VOCAB, (2, 2, 83), device="cuda")
+    z = latents(model, 2, torch.float32).cuda()
+    results = {}
+    for impl in ("naive", kernel):
+        for block in model.blocks:
+            block.mixer.kernel = impl
+        model.zero_grad()
+        logits, loss = model(idx, targets, z=z)
+        loss.backward()
+        results[impl] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    (want, want_grads), (got, got_grads) = results["naive"], results[kernel]
+    # the kernels' matmuls may run in TF32 (10-bit mantissa)
+    assert rel_err(got, want) < 1e-3, f"logits, seed={seed}"
+    for n in want_grads:
+        assert rel_err(got_grads[n], want_grads[n]) < 2e-2, f"grad of {n}, seed={seed}"
+    with torch.no_grad():
+        cache = model.new_cache(2, z)
+        decoded = torch.cat([model.forward_cached(idx[:, :70], cache)]
+                            + [model.forward_cached(idx[:, t:t + 1], cache) for t in range(70, 83)],
+                           dim=1)
+    assert rel_err(decoded, want) < 1e-3, f"decoding, seed={seed}"
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = model(idx, targets, z=z)
+    loss.backward()
+    assert torch.isfinite(loss), f"bf16 loss, seed={seed}"

@@ -72,7 +72,8 @@ def write_params(path: Path, cache_dir: str, model: dict, train: dict) -> Path:
 
 def cli(params: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ltm.train", "--params", str(params), "--out-dir", str(out / "ckpt"),
-            "--metrics", str(out / "train.json"), "--plot", str(out / "loss.csv"), "--no-progress", *extra]
+            "--metrics", str(out / "train.json"), "--plot", str(out / "loss.csv"), "--no-progress",
+            *extra]
 
 
 def test_config_errors_are_one_line():
@@ -91,7 +92,8 @@ def test_auto_switches_are_off_on_the_cpu_and_on_for_cuda():
     cpu = resolve_switches(OptConfig(), torch.device("cpu"))
     assert (cpu.amp, cpu.compile, cpu.fused_loss, cpu.pin_memory) == ("off", False, False, False)
     cuda = resolve_switches(OptConfig(pin_memory=True), torch.device("cuda"))
-    assert (cuda.amp, cuda.tf32, cuda.compile, cuda.fused_adamw, cuda.pin_memory) == ("bf16", True, True, True, True)
+    assert (cuda.amp, cuda.tf32, cuda.compile, cuda.fused_adamw, cuda.pin_memory) == \
+        ("bf16", True, True, True, True)
     assert not resolve_switches(OptConfig(pin_memory=True), torch.device("cpu")).pin_memory
 
 
@@ -197,6 +199,11 @@ def test_resume_only_when_the_configs_match(cache_dir, tmp_path, capsys):
     longer = TrainConfig(**{**cfg.__dict__, "steps": 4})
     result = run_training(model_cfg, longer, cache_dir, str(tmp_path), progress=False)
     assert "resuming from" in capsys.readouterr().out and len(train_losses(result)) == 4
+    again = run_training(model_cfg, longer, cache_dir, str(tmp_path), progress=False)
+    assert "already holds all 4 steps" in capsys.readouterr().out and again.metrics == result.metrics
+    shorter = TrainConfig(**{**cfg.__dict__, "steps": 3})
+    run_training(model_cfg, shorter, cache_dir, str(tmp_path), progress=False)
+    assert "it is at step 4, past train.steps=3; starting fresh" in capsys.readouterr().out
     changed = TrainConfig(**{**cfg.__dict__, "steps": 4, "lr": cfg.lr / 2})
     result = run_training(model_cfg, changed, cache_dir, str(tmp_path), progress=False)
     out = capsys.readouterr().out
@@ -263,10 +270,24 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
                           dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32),
                           dict(steps=2, batch_size=2, seq_len=16, eval_batches=1, resume=False))
     result = train_stage(params, ["model.mixer=deltanet", "train.steps=3"], str(tmp_path / "ckpt"),
-                         tmp_path / "m" / "train.json", tmp_path / "p" / "train_loss.csv", progress=False)
+                         tmp_path / "m" / "train.json", tmp_path / "p" / "train_loss.csv",
+                         progress=False)
     assert result.metrics["mixer"] == "deltanet" and result.metrics["steps"] == 3
     assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
     assert lines[0] == "step,split,loss" and lines[-1].startswith("3,val,") and len(lines) == 5
     with pytest.raises(ParamsError, match="--set train: expected section.key=value"):
         train_stage(params, ["train"], progress=False)
+
+
+def test_latent_thoughts_train_the_cross_attention(cache_dir, tmp_path):
+    model_cfg, cfg = tiny(steps=2, latent_steps=2, opt={"fused_loss": True})
+    model_cfg = ModelConfig(**{**model_cfg.__dict__, "n_latent": 2})
+    trainer = Trainer(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".cross." in n}
+    result = trainer.run()
+    assert all(math.isfinite(v) for v in train_losses(result))
+    assert math.isfinite(result.metrics["val_loss"])
+    after = dict(trainer.model.named_parameters())
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert before and not unchanged, f"cross-attention not trained: {unchanged}"
