@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
 # deltanet at T=1024 and T=8192, attention with compile off and with the plain loss, rwkv7, and
-# deltanet's loss curves with the triton vs the torch kernel on the token cache (if there). Short runs: steps 40,
-# the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
+# deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
+# Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # /tmp/gpu_runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
-# PARAMS and EXTRA (more --set items, space-separated) let the script be tried on a CPU first.
+# PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
+# tried on a CPU first.
 set -u
 params=${PARAMS:-configs/gpu.yaml}
 extra=(${EXTRA:-})
 out=${OUT:-gpu_out}
 runs=/tmp/gpu_runs
-mkdir -p "$runs"
+mkdir -p "$runs" "$out"
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
@@ -20,7 +21,7 @@ train() {  # name, limit in seconds, then --set overrides; skipped past 500 s of
   shift 2
   if ((SECONDS + 30 > 500)); then echo "== $name SKIPPED (out of time)"; return; fi
   local sets=()
-  for item in "${extra[@]}" "$@"; do sets+=(--set "$item"); done
+  for item in "$@" "${extra[@]}"; do sets+=(--set "$item"); done
   echo "== $name: $*"
   local begin=$SECONDS
   timeout "$limit" python3 -m ltm.train --params "$params" "${sets[@]}" --no-progress \

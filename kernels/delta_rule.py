@@ -265,15 +265,15 @@ def _nan(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> to
 
 
 def _value_block(K: int, V: int) -> int:
-    # narrower value blocks for wide keys: more programs in the sequential kernels, and the
-    # (BK, BV) state plus the (BT, BK) tiles still fit in registers
-    return min(block_size(V), 32 if K > 64 else 64)
+    # narrow value blocks: more programs in the sequential kernels, and the (BK, BV) state plus
+    # the (BT, BK) tiles still (mostly) fit in registers
+    return min(block_size(V), 32)
 
 
 def _launch_options(K: int) -> dict:
-    # wide keys: (BT, 128) float32 tiles need 8 warps to stay (mostly) in registers, and one
+    # the (BT, K) float32 tiles need 8 warps to stay (mostly) in registers; wide keys get one
     # pipeline stage to fit the shared memory of a Hopper SM (232 KB)
-    return {"num_warps": 8, "num_stages": 1} if K > 64 else {"num_warps": 4, "num_stages": 2}
+    return {"num_warps": 8, "num_stages": 1 if K > 64 else 2}
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from ltm.model import ModelConfig
-from ltm.params import ParamsError, check, from_mapping, load_section, read_params
+from ltm.params import ParamsError, apply_override, check, from_mapping, load_section, read_params
 from ltm.train import TrainConfig, run_training
 
 # sections a switch may change
@@ -27,7 +26,8 @@ class AblateConfig:
     repeats: int = 1  # runs per variant; tokens/s is their median
     # a variant preserves quality when its val loss is within this of the baseline's
     loss_tolerance: float = 0.05
-    # each "section.key=value" is applied alone on top of the baseline
+    # each entry, one or more space-separated "section.key=value", is applied alone on top of
+    # the baseline
     switches: list[str] = field(default_factory=lambda: ["model.kernel=naive"])
 
     def __post_init__(self) -> None:
@@ -35,24 +35,14 @@ class AblateConfig:
         check(self.repeats > 0, "repeats", f"must be > 0, got {self.repeats}")
 
 
-def parse_switch(text: str, where: str) -> tuple[list[str], object]:
-    """'train.opt.amp=bf16' -> (['train', 'opt', 'amp'], 'bf16'); the value is read as YAML."""
-    key, sep, value = text.partition("=")
-    path = key.strip().split(".")
-    if not sep or len(path) < 2 or path[0] not in SWITCHABLE:
-        raise ParamsError(f"{where}: '{text}' is not of the form model.<key>=<value> or train.<key>=<value>")
-    return path, yaml.safe_load(value)
-
-
-def apply_switch(sections: dict, path: list[str], value: object, where: str) -> dict:
-    """A deep copy of `sections` with the value at `path` replaced."""
+def apply_switch(sections: dict, switch: str, where: str) -> dict:
+    """A deep copy of `sections` with the switch's assignments applied. A switch is one or more
+    space-separated 'section.key=value' assignments in the model or train section."""
     changed = copy.deepcopy(sections)
-    node = changed
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ParamsError(f"{where}: '{'.'.join(path)}' goes below a plain value")
-    node[path[-1]] = value
+    for assignment in switch.split():
+        if assignment.partition(".")[0] not in SWITCHABLE:
+            raise ParamsError(f"{where}: '{assignment}' must change the model or train section")
+        apply_override(changed, assignment, where)
     return changed
 
 
@@ -73,7 +63,7 @@ def run_variant(sections: dict, cfg: AblateConfig, cache_dir: str, where: str) -
         speeds.append(result.metrics["tokens_per_s"])
         losses.append(result.metrics["val_loss"])
     return {"tokens_per_s": statistics.median(speeds), "val_loss": statistics.median(losses),
-            "peak_memory_mb": result.metrics.get("peak_memory_mb")}
+            "peak_memory_mib": result.metrics.get("peak_memory_mib")}
 
 
 def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
@@ -81,8 +71,7 @@ def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
     variants = [("baseline", sections)]
     for i, text in enumerate(cfg.switches):
         where = f"ablate.switches[{i}]"
-        path, value = parse_switch(text, where)
-        variants.append((text, apply_switch(sections, path, value, where)))
+        variants.append((text, apply_switch(sections, text, where)))
         # fail on a bad switch before spending minutes on the ones before it
         variant_configs(variants[-1][1], cfg.steps, where)
     rows = []

@@ -144,3 +144,18 @@ def check(condition: bool, field: str, message: str) -> None:
     `condition`; `from_mapping` puts the section name in front."""
     if not condition:
         raise ParamsError(f"{field}: {message}")
+
+
+def apply_override(params: dict, assignment: str, where: str = "override") -> None:
+    """Apply 'section.key=value' (value read as YAML) to the nested dict `params`, in place.
+    Unknown keys are caught later by `from_mapping`, with the usual one-line error."""
+    key, sep, value = assignment.partition("=")
+    *parents, leaf = key.strip().split(".")
+    if not sep or not parents or not all(parents) or not leaf:
+        raise ParamsError(f"{where}: '{assignment}' is not of the form section.key=value")
+    node = params
+    for name in parents:
+        node = node.setdefault(name, {})
+        if not isinstance(node, dict):
+            raise ParamsError(f"{where}: '{key}' goes below the plain value of '{name}'")
+    node[leaf] = yaml.safe_load(value)

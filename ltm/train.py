@@ -97,6 +97,7 @@ class TrainConfig:
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         check(self.batch_size == "auto" or self.batch_size >= 1, "batch_size",
               f"must be >= 1 or auto, got {self.batch_size}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
         check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
         check(self.latent_lr > 0, "latent_lr", f"must be > 0, got {self.latent_lr}")
@@ -155,7 +156,7 @@ class LossModel(nn.Module):
         if not self.fused_loss:
             return self.model(x, y, z=z)[1]
         hidden = self.model.hidden(x, z)  # (B, T, d_model)
-        return fused_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
+        return chunked_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = None
@@ -176,7 +177,7 @@ class LossModel(nn.Module):
 
 # a loop with its own backward, left out of the model's graph; with compile on, it compiles the
 # elementwise part of each chunk by itself
-fused_loss = torch.compiler.disable(chunked_cross_entropy)
+chunked_loss = torch.compiler.disable(chunked_cross_entropy)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -262,18 +263,20 @@ def find_batch_size(loss_model: LossModel, cfg: TrainConfig, sw: Switches, devic
 @torch.no_grad()
 def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: Switches,
              device: torch.device, rank: int, world: int) -> float:
-    """Mean loss over the first eval_batches validation batches of batch_size * world sequences,
-    each process taking its share of the rows: the result does not depend on the process count."""
+    """Mean loss over the first eval_batches validation batches of one global batch each
+    (batch_size * grad_accum * world sequences), each process taking its share of the rows in
+    pieces of batch_size: the result does not depend on how the global batch is split."""
     loss_model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, rows)
-    for x, y in val.eval_batches(batch_size * world, cfg.seq_len, cfg.eval_batches):
-        rows = slice(rank * batch_size, (rank + 1) * batch_size)
-        x, y = x[rows], y[rows]
-        if len(x) == 0:
-            continue
-        with autocast(device, sw.amp):
-            loss = loss_model(x.to(device), y.to(device))
-        total += torch.stack([loss.double() * len(x), torch.tensor(float(len(x)), device=device)])
+    share = batch_size * cfg.grad_accum
+    for x, y in val.eval_batches(share * world, cfg.seq_len, cfg.eval_batches):
+        for start in range(rank * share, min((rank + 1) * share, len(x)), batch_size):
+            rows = slice(start, min(start + batch_size, (rank + 1) * share, len(x)))
+            with autocast(device, sw.amp):
+                loss = loss_model(x[rows].to(device), y[rows].to(device))
+            count = rows.stop - rows.start
+            total += torch.stack([loss.double() * count,
+                                  torch.tensor(float(count), dtype=torch.float64, device=device)])
     if world > 1:
         dist.all_reduce(total)
     loss_model.train()

@@ -122,12 +122,14 @@ def test_a_short_run_learns_and_writes_metrics_and_curves(cache_dir, tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(cache_dir, tmp_path):
-    model_cfg, big = tiny(batch_size=8, grad_accum=1)
+    model_cfg, big = tiny(batch_size=8, grad_accum=1, eval_every=3)
     seed = big.seed
-    _, small = tiny(batch_size=2, grad_accum=4, seed=seed)
-    whole = train_losses(run_training(model_cfg, big, cache_dir, str(tmp_path / "a"), progress=False))
-    parts = train_losses(run_training(model_cfg, small, cache_dir, str(tmp_path / "b"), progress=False))
-    # same rows, same weights; float32 sums in another order
+    _, small = tiny(batch_size=2, grad_accum=4, seed=seed, eval_every=3)
+    whole = run_training(model_cfg, big, cache_dir, str(tmp_path / "a"), progress=False).history
+    parts = run_training(model_cfg, small, cache_dir, str(tmp_path / "b"), progress=False).history
+    assert [r["split"] for r in parts] == ["train"] * 3 + ["val"]
+    # same rows, same weights; float32 sums in another order; validation on the same rows too
+    whole, parts = [r["loss"] for r in whole], [r["loss"] for r in parts]
     assert rel_diff(parts, whole) < 1e-5, f"{parts} vs {whole} (seed {seed})"
 
 
@@ -252,7 +254,9 @@ def test_two_ddp_processes_match_one_on_the_same_global_batch(cache_dir, tmp_pat
     train = dict(steps=3, batch_size=8, seq_len=16, warmup_steps=1, eval_every=3, eval_batches=2,
                  log_every=1, resume=False, seed=int(torch.randint(0, 2**31, (1,))))
     one = write_params(tmp_path / "one.yaml", cache_dir, model, train)
-    two = write_params(tmp_path / "two.yaml", cache_dir, model, {**train, "batch_size": 4})
+    # each process: 2 micro-steps of 2 sequences, so no_sync between them is exercised too
+    two = write_params(tmp_path / "two.yaml", cache_dir, model,
+                       {**train, "batch_size": 2, "grad_accum": 2})
     train_stage(one, [], str(tmp_path / "one" / "ckpt"), tmp_path / "one" / "train.json",
                 tmp_path / "one" / "loss.csv", progress=False)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

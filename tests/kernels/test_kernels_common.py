@@ -9,8 +9,8 @@ def test_block_size_is_a_power_of_two_at_least_16():
     assert [block_size(n) for n in (1, 16, 17, 32, 33, 64, 100, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
 
 
-def test_dot_precision_is_exact_for_float32_only():
-    assert dot_precision(torch.float32) == "ieee"
+def test_dot_precision_is_float32_level_for_float32_only():
+    assert dot_precision(torch.float32) == "tf32x3"
     assert dot_precision(torch.bfloat16) == "tf32"
     assert dot_precision(torch.float16) == "tf32"
 

@@ -42,13 +42,26 @@ def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return x.unflatten(1, (-1, chunk_size)).movedim(3, 1)
 
 
-def _pair_decay(w_row: torch.Tensor, w_col: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, C, C, K): exp(w_row_i - w_col_j) where mask[i, j], else 0.
+def _pair_decay(w_incl: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, C_j, C_i, K): exp(W_i - W_j) for i > j, 1 for i == j, 0 for i < j.
 
-    The mask is applied before the exp: the positive differences above it are never exponentiated.
+    j-major, so that contracting it with a token j's vectors over the channels is a plain batched
+    matmul. The positive differences (i < j) are replaced by -inf before the exp, never
+    exponentiated. The diagonal is set, not computed as exp(W_i - W_i): its gradients would cancel
+    exactly in theory but not in float32, where they would swamp the small dw of strong decay.
     """
-    diff = w_row[..., :, None, :] - w_col[..., None, :, :]
-    return diff.masked_fill(~mask[..., None], float("-inf")).exp()
+    C = w_incl.shape[-2]
+    later = torch.ones(C, C, dtype=torch.bool, device=w_incl.device).triu(1)  # [j, i]: i > j
+    same = torch.eye(C, dtype=torch.bool, device=w_incl.device)
+    fill = torch.zeros(C, C, 1, dtype=w_incl.dtype, device=w_incl.device)
+    fill = fill.masked_fill(~same[..., None], float("-inf"))
+    diff = w_incl[..., None, :, :] - w_incl[..., :, None, :]  # [j, i] = W_i - W_j
+    return torch.where(later[..., None], diff, fill).exp()
+
+
+def _read_back(decay: torch.Tensor, x: torch.Tensor, bk: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, C_i, C_j, 2): sum_c x_ic decay[j, i, c] y_jc for y = b and y = k (stacked in bk)."""
+    return ((decay * x[..., None, :, :]) @ bk).transpose(-2, -3)
 
 
 def _chunk_terms(r, w, k, v, a, b):
@@ -57,21 +70,18 @@ def _chunk_terms(r, w, k, v, a, b):
     Inputs are (B, H, N, C, D). With S the state entering a chunk, the chunk's outputs are
     o_local + r_eff @ S and the state leaving it is M @ S + N.
     """
-    C, K = k.shape[-2], k.shape[-1]
+    C = k.shape[-2]
     w_incl = w.cumsum(-2)  # (B, H, N, C, K) log decay up to and including token i
     w_excl = w_incl - w  # up to token i - 1: the transition reads a^T S before its own decay
-    w_last = w_incl[..., -1:, :]  # (B, H, N, 1, K)
-    below = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)
-    eye = torch.eye(C, dtype=r.dtype, device=r.device)
-    # (B, H, N, C, C, K) weights for reading a token j's update back at token i. The diagonal
-    # decay of the outputs is set to 1, not computed as exp(W_i - W_i): its gradients cancel
-    # exactly in theory but not in float32, where they would swamp the small dw of strong decay.
-    a_decayed = a[..., :, None, :] * _pair_decay(w_excl, w_incl, below)
-    r_decayed = r[..., :, None, :] * (_pair_decay(w_incl, w_incl, below) + eye[..., None])
-    a_b, a_k = (torch.einsum("...ijc,...jc->...ij", a_decayed, x) for x in (b, k))
-    r_b, r_k = (torch.einsum("...ijc,...jc->...ij", r_decayed, x) for x in (b, k))
+    decay = _pair_decay(w_incl)
+    bk = torch.stack([b, k], dim=-1)  # (B, H, N, C, K, 2)
+    r_b, r_k = _read_back(decay, r, bk).unbind(-1)  # (B, H, N, C, C) each
+    # token i reads a_i^T S_{i-1}, decayed up to W_{i-1}: the rows of token i - 1, shifted down
+    a_next = F.pad(a[..., 1:, :], (0, 0, 0, 1))
+    a_b, a_k = F.pad(_read_back(decay, a_next, bk)[..., :-1, :, :], (0, 0, 0, 0, 1, 0)).unbind(-1)
     # s_i - sum_{j<i} (a_i . decay_ij . b_j) s_j
     #     = sum_{j<i} (a_i . decay_ij . k_j) v_j + (exp(W_{i-1}) a_i)^T S
+    eye = torch.eye(C, dtype=r.dtype, device=r.device)
     rhs = torch.cat([a_k @ v, a * w_excl.exp()], dim=-1)
     xy = torch.linalg.solve_triangular(eye - a_b, rhs, upper=False, unitriangular=True)
     x, y = xy[..., :v.shape[-1]], xy[..., v.shape[-1]:]  # s = x + y @ S
@@ -81,7 +91,7 @@ def _chunk_terms(r, w, k, v, a, b):
     # it is exactly 0, without a gradient, for the last token
     to_end = F.pad(w.flip(-2).cumsum(-2).flip(-2)[..., 1:, :], (0, 0, 0, 1)).exp()
     b_end, k_end = (b * to_end).transpose(-1, -2), (k * to_end).transpose(-1, -2)
-    M = torch.diag_embed(w_last[..., 0, :].exp()) + b_end @ y  # (B, H, N, K, K)
+    M = torch.diag_embed(w_incl[..., -1, :].exp()) + b_end @ y  # (B, H, N, K, K)
     N = b_end @ x + k_end @ v  # (B, H, N, K, V)
     return o_local, r_eff, M, N
 
