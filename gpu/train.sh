@@ -33,22 +33,29 @@ train() {  # name, limit in seconds, then --set overrides; skipped past 500 s of
 long=(train.seq_len=8192 train.batch_size=2)
 train attention-T1024-compiled 150
 train deltanet-T1024-compiled 150 model.mixer=deltanet
+# should the compiler fail on the Triton kernels, the eager numbers still come
+[ -f "$runs/deltanet-T1024-compiled.json" ] ||
+  train deltanet-T1024-eager 60 model.mixer=deltanet train.opt.compile=false
 train attention-T8192-compiled 120 "${long[@]}"
 train deltanet-T8192-compiled 120 model.mixer=deltanet "${long[@]}"
+[ -f "$runs/deltanet-T8192-compiled.json" ] ||
+  train deltanet-T8192-eager 60 model.mixer=deltanet train.opt.compile=false "${long[@]}"
 train attention-T1024-eager 60 train.opt.compile=false
-train attention-T1024-compiled-plainloss 120 train.opt.fused_loss=false
-train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
   train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
   train deltanet-cache-torch 60 model.mixer=deltanet model.kernel=torch "${real[@]}"
 fi
+train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
+train attention-T1024-compiled-plainloss 120 train.opt.fused_loss=false
+train attention-T1024-eager-auto-batch 90 train.opt.compile=false train.batch_size=auto
 
 python3 - "$runs" "$out" <<'PY'
 import json, sys
 from pathlib import Path
 runs, out = Path(sys.argv[1]), Path(sys.argv[2])
-keys = ("tokens_per_s", "mfu", "peak_memory_mib", "data_wait_fraction", "train_loss", "val_loss")
+keys = ("batch_size", "seq_len", "tokens_per_s", "mfu", "peak_memory_mib", "data_wait_fraction",
+        "train_loss", "val_loss")
 summary, curves = {}, ["run,step,split,loss"]
 for path in sorted(runs.glob("*.json")):
     summary[path.stem] = json.loads(path.read_text())
@@ -59,4 +66,10 @@ print("| run | " + " | ".join(keys) + " |")
 print("|---" * (len(keys) + 1) + "|")
 for name, m in summary.items():
     print(f"| {name} | " + " | ".join(str(m.get(k)) for k in keys) + " |")
+pair = [summary.get(f"deltanet-cache-{k}") for k in ("triton", "torch")]
+if all(pair):
+    losses = [[float(line.split(",")[2]) for line in (runs / f"deltanet-cache-{k}.csv")
+               .read_text().split()[1:]] for k in ("triton", "torch")]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(*losses))
+    print(f"deltanet triton vs torch kernel, {len(losses[0])} loss points: max rel diff {worst:.2e}")
 PY

@@ -1,4 +1,5 @@
-"""Cross-entropy over a tied output head without full-vocabulary logits.
+"""The training objective: cross-entropy over the tied output head without full-vocabulary
+logits, the inner loop that fits latent thoughts, and LossModel, the model with its loss.
 
 The plain loss builds logits (N, V) = hidden (N, D) @ weight (V, D)^T, upcasts them to float32 and
 keeps them (and their softmax) for the backward pass: at N = 16k tokens and V = 50k that is
@@ -9,14 +10,22 @@ backward, which merely scales them by the incoming gradient. Peak extra memory i
 of one chunk of logits, (rows, V) with rows * V <= CHUNK_LOGITS, whatever N is.
 
 `cross_entropy_reference` is the plain form the chunked one is tested against.
+
+With latent thoughts, each sequence's latent vectors come from a short optimisation of their
+posterior (`infer_latents`, the fast loop) before the decoder's step (the slow loop).
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from ltm.model import LTM
 
 IGNORE_INDEX = -100
 
@@ -155,3 +164,42 @@ def infer_latents(nll, shape: tuple[int, ...], steps: int, lr: float, device: to
         optimizer.step()
     with torch.no_grad():
         return mu + log_sigma.exp() * torch.randn_like(mu)
+
+
+class LossModel(nn.Module):
+    """The model plus its loss, as one module, so DDP and torch.compile see the whole step. With
+    latent thoughts (model.n_latent > 0, latent_steps > 0) each batch first gets its latents
+    from the inner loop (ltm.losses.infer_latents), then the loss given them."""
+
+    def __init__(self, model: LTM, fused_loss: bool, compile: bool, latent_steps: int,
+                 latent_lr: float) -> None:
+        super().__init__()
+        self.model, self.fused_loss, self.compile = model, fused_loss, compile
+        self.latent_steps, self.latent_lr = latent_steps, latent_lr
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.fused_loss:
+            return self.model(x, y, z=z)[1]
+        hidden = self.model.hidden(x, z)  # (B, T, d_model)
+        return chunked_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = None
+        if self.model.cfg.n_latent > 0 and self.latent_steps > 0:
+            z = self.posterior_sample(x, y)
+        return self.loss(x, y, z)
+
+    # an optimisation loop with its own autograd calls: left to eager mode
+    @torch.compiler.disable
+    def posterior_sample(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        cfg = self.model.cfg
+        shape = (x.shape[0], cfg.n_layers * cfg.n_latent, cfg.d_model)
+        # evaluation runs under no_grad, but the inner loop needs gradients with respect to z
+        with torch.enable_grad():
+            return infer_latents(lambda z: (self.loss(x, y, z), y.numel()), shape,
+                                 self.latent_steps, self.latent_lr, x.device)
+
+
+# a loop with its own backward, left out of the model's graph; with compile on, it compiles the
+# elementwise part of each chunk by itself
+chunked_loss = torch.compiler.disable(chunked_cross_entropy)

@@ -54,10 +54,13 @@ def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=
         from ltm.ops.delta_rule.chunk import chunk_delta_rule
         return chunk_delta_rule(q, k, v, beta, g, initial_state=initial_state,
                                 output_final_state=output_final_state, chunk_size=chunk_size)
+    if kernel in ("triton", "fla"):
+        # both take q, k, v, beta in one dtype (under bf16 autocast the normalised q, k come out
+        # float32, v bf16); g may stay float32
+        q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
     if kernel == "triton":
         from ltm.kernels import chunk_delta_rule as triton_delta_rule
-        # the kernels take q, k, v, beta in one dtype (bf16 under autocast); g may stay float32
-        return triton_delta_rule(q, k, v, beta.to(v.dtype), g, initial_state=initial_state,
+        return triton_delta_rule(q, k, v, beta, g, initial_state=initial_state,
                                  output_final_state=output_final_state)
     if kernel == "fla":
         check_kernel(kernel)
@@ -77,7 +80,8 @@ def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
         return o[:, 0], state
     if kernel == "triton":
         from ltm.kernels import delta_rule_step as triton_step
-        return triton_step(q, k, v, beta.to(v.dtype), g, scale=q.shape[-1] ** -0.5, state=state)
+        return triton_step(q.to(v.dtype), k.to(v.dtype), v, beta.to(v.dtype), g,
+                           scale=q.shape[-1] ** -0.5, state=state)
     # torch and fla: one token is a few small batched matmuls
     return delta_rule_step(q, k, v, beta, g, scale=q.shape[-1] ** -0.5, state=state)
 
@@ -214,7 +218,9 @@ class ShortConv(nn.Module):
             state = x.new_zeros(B, channels, self.conv_size - 1)
         # (B, channels, conv_size - 1 + T): the past inputs stand in for zero padding
         x = torch.cat([state.to(x.dtype), x], dim=-1)
-        y = F.conv1d(x, self.weight, groups=channels)
+        # F.conv1d in a few shifted multiply-adds: the same sum, but CPU conv1d (oneDNN) takes
+        # tens of ms per call for T = 1 decoding steps and float64
+        y = sum(x[:, :, j:j + T] * self.weight[:, :, j] for j in range(self.conv_size))
         return F.silu(y).transpose(1, 2), x[:, :, -(self.conv_size - 1):]
 
 

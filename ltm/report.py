@@ -99,10 +99,8 @@ def ablate_section(plots_dir: Path) -> Section:
     return Section("Speed switches", [table], [ablate_figure(table)], note)
 
 
-def benchmark_section(plots_dir: Path) -> Section:
-    table = _read_csv(plots_dir / "benchmark.csv")
-    if table is None:
-        return _missing("Benchmarks", "benchmark")
+def benchmark_figures(table: pd.DataFrame) -> list[plt.Figure]:
+    """One bar chart of milliseconds per benchmark group, implementations side by side."""
     figures = []
     for group, rows in table.groupby("group", sort=False):
         fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
@@ -111,7 +109,14 @@ def benchmark_section(plots_dir: Path) -> Section:
         ax.set_title(f"{group}: milliseconds (log scale, lower is better)")
         fig.tight_layout()
         figures.append(fig)
-    return Section("Benchmarks", [table], figures)
+    return figures
+
+
+def benchmark_section(plots_dir: Path) -> Section:
+    table = _read_csv(plots_dir / "benchmark.csv")
+    if table is None:
+        return _missing("Benchmarks", "benchmark")
+    return Section("Benchmarks", [table], benchmark_figures(table))
 
 
 def environment() -> dict:

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import random
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +31,12 @@ from tqdm.auto import tqdm
 
 from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, open_source, with_vocab
-from ltm.losses import chunked_cross_entropy, infer_latents
+from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
+from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, check, from_mapping, read_params, to_dict
 
 Auto = Literal["auto"]
-# bf16 dense tensor-core peak of one H100 / H200 SXM, the denominator of MFU
-H100_BF16_PEAK = 989e12
 
 
 @dataclass
@@ -141,45 +139,6 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped, its last good checkpoint kept."""
 
 
-class LossModel(nn.Module):
-    """The model plus its loss, as one module, so DDP and torch.compile see the whole step. With
-    latent thoughts (model.n_latent > 0, latent_steps > 0) each batch first gets its latents
-    from the inner loop (ltm.losses.infer_latents), then the loss given them."""
-
-    def __init__(self, model: LTM, fused_loss: bool, compile: bool, latent_steps: int,
-                 latent_lr: float) -> None:
-        super().__init__()
-        self.model, self.fused_loss, self.compile = model, fused_loss, compile
-        self.latent_steps, self.latent_lr = latent_steps, latent_lr
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.fused_loss:
-            return self.model(x, y, z=z)[1]
-        hidden = self.model.hidden(x, z)  # (B, T, d_model)
-        return chunked_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = None
-        if self.model.cfg.n_latent > 0 and self.latent_steps > 0:
-            z = self.posterior_sample(x, y)
-        return self.loss(x, y, z)
-
-    # an optimisation loop with its own autograd calls: left to eager mode
-    @torch.compiler.disable
-    def posterior_sample(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        cfg = self.model.cfg
-        shape = (x.shape[0], cfg.n_layers * cfg.n_latent, cfg.d_model)
-        # evaluation runs under no_grad, but the inner loop needs gradients with respect to z
-        with torch.enable_grad():
-            return infer_latents(lambda z: (self.loss(x, y, z), y.numel()), shape,
-                                 self.latent_steps, self.latent_lr, x.device)
-
-
-# a loop with its own backward, left out of the model's graph; with compile on, it compiles the
-# elementwise part of each chunk by itself
-chunked_loss = torch.compiler.disable(chunked_cross_entropy)
-
-
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to lr, then cosine decay to min_lr at the last step; a factor of lr."""
     if step < cfg.warmup_steps:
@@ -198,66 +157,10 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool):
     return optimizer, scheduler
 
 
-def autocast(device: torch.device, amp: str):
-    if amp == "off":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
-def setup_distributed(device_name: str) -> tuple[torch.device, int, int]:
-    """(device, rank, world size); joins the process group when started by torchrun."""
-    want_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
-    if want_cuda and not torch.cuda.is_available():
-        raise ParamsError("train.device: cuda asked for, but torch sees no CUDA device")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if want_cuda else "gloo")
-    if want_cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), rank, world
-    return torch.device("cpu"), rank, world
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def find_batch_size(loss_model: LossModel, cfg: TrainConfig, sw: Switches, device: torch.device,
-                    vocab_size: int, say) -> int:
-    """batch_size auto: the largest power of two whose forward + backward, plus AdamW's two
-    float32 moments, fits in memory_fraction of the GPU. On the CPU: 16, with a note."""
-    if device.type != "cuda":
-        say("batch_size auto: memory is not probed on the CPU; using 16")
-        return 16
-    total = torch.cuda.get_device_properties(device).total_memory
-    moments = 2 * sum(p.numel() * 4 for p in loss_model.parameters())
-    best, batch = 0, 1
-    while batch <= 4096:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        try:
-            x = torch.randint(vocab_size, (batch, cfg.seq_len), device=device)
-            with autocast(device, sw.amp):
-                loss = loss_model(x, x)
-            loss.backward()
-            fits = torch.cuda.max_memory_allocated(device) + moments <= cfg.memory_fraction * total
-        except torch.OutOfMemoryError:
-            fits = False
-        loss_model.zero_grad(set_to_none=True)
-        loss = x = None
-        if not fits:
-            break
-        best, batch = batch, batch * 2
-    torch.cuda.empty_cache()
-    if best == 0:
-        raise RuntimeError(f"batch_size auto: not even one sequence of {cfg.seq_len} tokens fits")
-    say(f"batch_size auto: {best} sequences per micro-step fit in {cfg.memory_fraction:.0%} of "
-        f"{total / 2**30:.0f} GiB")
-    return best
 
 
 @torch.no_grad()
@@ -283,23 +186,6 @@ def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: 
     return float(total[0] / total[1].clamp(min=1))
 
 
-def peak_memory(device: torch.device) -> tuple[float, str]:
-    """Peak memory in MiB and what was measured."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda max_memory_allocated"
-    # ru_maxrss is in KiB on Linux: the whole process's peak resident memory
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu process peak RSS"
-
-
-def peak_flops(device: torch.device, amp: str) -> float | None:
-    """The bf16 dense peak for an H100 / H200; None (no MFU) for other devices."""
-    if device.type == "cuda" and amp != "off":
-        name = torch.cuda.get_device_name(device)
-        if "H100" in name or "H200" in name:
-            return H100_BF16_PEAK
-    return None
-
-
 class Trainer:
     """One training run: built from the configs, then `run()` from the start or a checkpoint."""
 
@@ -319,9 +205,10 @@ class Trainer:
         self.model = LTM(self.model_cfg).to(self.device)
         self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent_steps,
                                     cfg.latent_lr)
-        self.batch_size = (find_batch_size(self.loss_model, cfg, self.sw, self.device,
-                                           self.model_cfg.vocab_size, self.say)
-                           if cfg.batch_size == "auto" else cfg.batch_size)
+        self.batch_size = cfg.batch_size
+        if cfg.batch_size == "auto":
+            self.batch_size = find_batch_size(self.loss_model, cfg.seq_len, self.model_cfg.vocab_size,
+                                              self.sw.amp, cfg.memory_fraction, self.device, self.say)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.sw.fused_adamw)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.sw.amp == "fp16")
         self.step, self.history, self.pending = 0, [], []

@@ -125,3 +125,15 @@ def test_latent_inference_fits_the_posterior_of_a_gaussian_decoder():
     # a sample of the posterior, whose std is (n + 1) ** -0.5 = 0.14
     assert (z - exact_mean).abs().max() < 0.8, f"seed {seed}"
     assert nll(z)[0] < nll(torch.zeros(shape))[0] / 2, f"seed {seed}"
+
+
+def test_loss_model_matches_the_model_loss_with_and_without_the_chunked_loss():
+    from ltm.losses import LossModel
+    from ltm.model import LTM, ModelConfig
+    seed = int(torch.randint(0, 2**31, (1,)))
+    torch.manual_seed(seed)
+    model = LTM(ModelConfig(vocab_size=97, n_layers=1, d_model=32, n_heads=2, max_seq_len=16))
+    x, y = torch.randint(97, (2, 13)), torch.randint(97, (2, 13))
+    plain = LossModel(model, fused_loss=False, compile=False, latent_steps=0, latent_lr=0.1)(x, y)
+    chunked = LossModel(model, fused_loss=True, compile=False, latent_steps=0, latent_lr=0.1)(x, y)
+    assert rel_err(chunked, model(x, y)[1]) < 1e-6 and rel_err(plain, model(x, y)[1]) < 1e-6, seed

@@ -61,7 +61,8 @@ def bench_mixers(cfg: ModelConfig, batch: int, seq_len: int, variants: dict | No
                  dtype: torch.dtype = torch.float32) -> list[dict]:
     """Forward (and forward + backward) time of one token mixer of cfg's size on (batch, seq_len,
     d_model) inputs, per variant and kernel; attention has a single implementation ("sdpa").
-    Rows: mixer, impl, pass, B, T, ms, tokens_per_s, speedup (time of the first kernel / this)."""
+    Rows: mixer, impl, pass, B, T, ms, tokens_per_s, speedup (time of the first kernel / this),
+    error (None, or why this implementation could not run here; ms is then nan)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = []
     for name, settings in (variants or VARIANTS).items():
@@ -78,10 +79,21 @@ def bench_mixers(cfg: ModelConfig, batch: int, seq_len: int, variants: dict | No
                 x_grad = x.clone().requires_grad_()
                 passes["forward+backward"] = lambda: mixer(x_grad)[0].sum().backward()
             for pass_name, fn in passes.items():
-                ms = median_ms(fn, device, warmup, repeats)
+                ms, error = _time_or_error(fn, device, warmup, repeats)
                 rows.append({"mixer": name, "impl": impl, "pass": pass_name, "B": batch,
-                             "T": seq_len, "ms": ms, "tokens_per_s": batch * seq_len / (ms / 1e3)})
+                             "T": seq_len, "ms": ms, "tokens_per_s": batch * seq_len / (ms / 1e3),
+                             "error": error})
     return _add_speedup(rows, ("mixer", "pass"))
+
+
+def _time_or_error(fn, device, warmup: int, repeats: int) -> tuple[float, str | None]:
+    """(median ms, None), or (nan, the error's first line) where an implementation refuses to run
+    here (e.g. an external kernel on an unsupported GPU / Triton pair): one such case must not
+    stop the whole benchmark."""
+    try:
+        return median_ms(fn, device, warmup, repeats), None
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        return float("nan"), f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 @torch.no_grad()

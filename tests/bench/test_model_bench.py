@@ -15,7 +15,9 @@ def test_bench_mixers_rows():
     # attention has one implementation, the linear mixers two; each timed forward and backward
     assert len(rows) == 2 * (1 + 2 * (len(VARIANTS) - 1))
     for row in rows:
-        assert row.keys() == {"mixer", "impl", "pass", "B", "T", "ms", "tokens_per_s", "speedup"}
+        assert row.keys() == {"mixer", "impl", "pass", "B", "T", "ms", "tokens_per_s", "speedup",
+                              "error"}
+        assert row["error"] is None
         assert row["ms"] > 0 and math.isclose(row["tokens_per_s"], 18 / (row["ms"] / 1e3))
     naive = [r for r in rows if r["impl"] == "naive"]
     assert naive and all(r["speedup"] == 1.0 for r in naive)

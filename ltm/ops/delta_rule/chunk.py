@@ -112,9 +112,11 @@ def chunk_delta_rule(
     if initial_state is not None:
         state = state + initial_state.to(dtype)
     entering = []
-    for n in range(M.shape[2]):
+    # unbind, not M[:, :, n]: the backward of one unbind is one stack, while the backward of each
+    # index would write a zero-filled tensor the size of M
+    for M_n, N_n in zip(M.unbind(2), N.unbind(2)):
         entering.append(state)
-        state = M[:, :, n] @ state + N[:, :, n]
+        state = M_n @ state + N_n
     if entering:
         o = o_local + q_eff @ torch.stack(entering, dim=2)  # (B, H, N, C, V)
     else:
