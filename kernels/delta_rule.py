@@ -25,41 +25,141 @@ CHUNK = 64
 
 
 @triton.jit
+def _invert_unit_lower(a, BC: tl.constexpr):
+    """(I + a)^-1 for a strictly lower-triangular (BC, BC) tile: forward substitution, one row
+    at a time, row i = e_i - sum_{j<i} a_ij x_j."""
+    idx = tl.arange(0, BC)
+    x = tl.where(idx[:, None] == idx[None, :], 1., 0.)
+    for i in tl.static_range(1, BC):
+        a_i = tl.sum(tl.where(idx[:, None] == i, a, 0.), axis=0)
+        row = tl.sum(a_i[:, None] * x, axis=0)
+        x = tl.where(idx[:, None] == i, tl.where(idx == i, 1., 0.)[None, :] - row[None, :], x)
+    return x
+
+
+@triton.jit
+def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
+    """One (BC, BC) block of A = beta_i k_i.k_j exp(G_i - G_j), zero where `mask` is false."""
+    kk = tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
+    return tl.where(mask, beta_i[:, None] * kk * tl.exp(G_i[:, None] - G_j[None, :]), 0.)
+
+
+@triton.jit
+def _load_sub(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
+    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
+    return tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+
+
+@triton.jit
+def _store_sub(x, val, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
+    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
+    tl.store(p, val, boundary_check=(0, 1))
+
+
+@triton.jit
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr):
+    # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
+    # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
+    BC: tl.constexpr = 16
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, BT)
-    idx = tl.arange(0, BT)
-    rows = i_t * BT + idx
-    valid = rows < T
-    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_v = tl.make_block_ptr(v + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, 0), (BT, BV), (1, 0))
-    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-    b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
-    b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
-    b_g = tl.load(g + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
-    b_G = tl.cumsum(b_g, axis=0)
-    # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
-    strict = (idx[:, None] > idx[None, :]) & valid[:, None]
-    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
-    b_a = tl.where(strict, b_beta[:, None] * kk * tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    # L^-1 by forward substitution, one row at a time: row i = e_i - sum_{j<i} A_ij (L^-1)_j
-    b_linv = tl.where(idx[:, None] == idx[None, :], 1., 0.)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(idx[:, None] == i, b_a, 0.), axis=0)
-        row = tl.sum(a_i[:, None] * b_linv, axis=0)
-        b_linv = tl.where(idx[:, None] == i, tl.where(idx == i, 1., 0.)[None, :] - row[None, :], b_linv)
-    b_w = tl.dot(b_linv, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PRECISION)
-    b_u = tl.dot(b_linv, b_v * b_beta[:, None], input_precision=PRECISION)
-    p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, 0), (BT, BV), (1, 0))
-    tl.store(p_w, b_w, boundary_check=(0, 1))
-    tl.store(p_u, b_u, boundary_check=(0, 1))
-    tl.store(gcum + (i_b * T + rows) * H + i_h, b_G, mask=valid)
+    idx = tl.arange(0, BC)
+    t0 = i_t * BT
+    rows0, rows1, rows2, rows3 = t0 + idx, t0 + BC + idx, t0 + 2 * BC + idx, t0 + 3 * BC + idx
+    m0, m1, m2, m3 = rows0 < T, rows1 < T, rows2 < T, rows3 < T
+    k0 = _load_sub(k, i_b, i_h, T, H, K, t0, BC, BK)
+    k1 = _load_sub(k, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    k2 = _load_sub(k, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    k3 = _load_sub(k, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    pb = beta + (i_b * T) * H + i_h
+    b0 = tl.load(pb + rows0 * H, mask=m0, other=0.).to(tl.float32)
+    b1 = tl.load(pb + rows1 * H, mask=m1, other=0.).to(tl.float32)
+    b2 = tl.load(pb + rows2 * H, mask=m2, other=0.).to(tl.float32)
+    b3 = tl.load(pb + rows3 * H, mask=m3, other=0.).to(tl.float32)
+    pg = g + (i_b * T) * H + i_h
+    G0 = tl.cumsum(tl.load(pg + rows0 * H, mask=m0, other=0.).to(tl.float32), axis=0)
+    G1 = tl.cumsum(tl.load(pg + rows1 * H, mask=m1, other=0.).to(tl.float32), axis=0)
+    G2 = tl.cumsum(tl.load(pg + rows2 * H, mask=m2, other=0.).to(tl.float32), axis=0)
+    G3 = tl.cumsum(tl.load(pg + rows3 * H, mask=m3, other=0.).to(tl.float32), axis=0)
+    G1 += tl.sum(tl.where(idx == BC - 1, G0, 0.))
+    G2 += tl.sum(tl.where(idx == BC - 1, G1, 0.))
+    G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
+    # rows past the end of the sequence are masked out: exp(G_i - G_j) is meaningless there
+    strict = idx[:, None] > idx[None, :]
+    x00 = _invert_unit_lower(_a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION), BC)
+    x11 = _invert_unit_lower(_a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION), BC)
+    x22 = _invert_unit_lower(_a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION), BC)
+    x33 = _invert_unit_lower(_a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION), BC)
+    a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
+    a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
+    a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
+    a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
+    a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
+    a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
+    x10 = -tl.dot(x11, tl.dot(a10, x00, input_precision=PRECISION), input_precision=PRECISION)
+    x21 = -tl.dot(x22, tl.dot(a21, x11, input_precision=PRECISION), input_precision=PRECISION)
+    x32 = -tl.dot(x33, tl.dot(a32, x22, input_precision=PRECISION), input_precision=PRECISION)
+    s20 = tl.dot(a20, x00, input_precision=PRECISION) + tl.dot(a21, x10, input_precision=PRECISION)
+    x20 = -tl.dot(x22, s20, input_precision=PRECISION)
+    s31 = tl.dot(a31, x11, input_precision=PRECISION) + tl.dot(a32, x21, input_precision=PRECISION)
+    x31 = -tl.dot(x33, s31, input_precision=PRECISION)
+    s30 = (tl.dot(a30, x00, input_precision=PRECISION) + tl.dot(a31, x10, input_precision=PRECISION)
+           + tl.dot(a32, x20, input_precision=PRECISION))
+    x30 = -tl.dot(x33, s30, input_precision=PRECISION)
+    # W = L^-1 (beta exp(G) K), row block by row block
+    y0, y1 = k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None]
+    y2, y3 = k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None]
+    _store_sub(w, tl.dot(x00, y0, input_precision=PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
+    w1 = tl.dot(x10, y0, input_precision=PRECISION) + tl.dot(x11, y1, input_precision=PRECISION)
+    _store_sub(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    w2 = (tl.dot(x20, y0, input_precision=PRECISION) + tl.dot(x21, y1, input_precision=PRECISION)
+          + tl.dot(x22, y2, input_precision=PRECISION))
+    _store_sub(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    w3 = (tl.dot(x30, y0, input_precision=PRECISION) + tl.dot(x31, y1, input_precision=PRECISION)
+          + tl.dot(x32, y2, input_precision=PRECISION) + tl.dot(x33, y3, input_precision=PRECISION))
+    _store_sub(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    # U = L^-1 (beta V)
+    z0 = _load_sub(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
+    z1 = _load_sub(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
+    z2 = _load_sub(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
+    z3 = _load_sub(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
+    _store_sub(u, tl.dot(x00, z0, input_precision=PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
+    u1 = tl.dot(x10, z0, input_precision=PRECISION) + tl.dot(x11, z1, input_precision=PRECISION)
+    _store_sub(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
+    u2 = (tl.dot(x20, z0, input_precision=PRECISION) + tl.dot(x21, z1, input_precision=PRECISION)
+          + tl.dot(x22, z2, input_precision=PRECISION))
+    _store_sub(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
+    u3 = (tl.dot(x30, z0, input_precision=PRECISION) + tl.dot(x31, z1, input_precision=PRECISION)
+          + tl.dot(x32, z2, input_precision=PRECISION) + tl.dot(x33, z3, input_precision=PRECISION))
+    _store_sub(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
+    pG = gcum + (i_b * T) * H + i_h
+    tl.store(pG + rows0 * H, G0, mask=m0)
+    tl.store(pG + rows1 * H, G1, mask=m1)
+    tl.store(pG + rows2 * H, G2, mask=m2)
+    tl.store(pG + rows3 * H, G3, mask=m3)
+    # the full (BT, BT) L^-1 for the backward, upper blocks zero
     p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
-    tl.store(p_l, b_linv)
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    tl.store(p_l, x00)
+    tl.store(p_l + BC, zero)
+    tl.store(p_l + 2 * BC, zero)
+    tl.store(p_l + 3 * BC, zero)
+    tl.store(p_l + BC * BT, x10)
+    tl.store(p_l + BC * BT + BC, x11)
+    tl.store(p_l + BC * BT + 2 * BC, zero)
+    tl.store(p_l + BC * BT + 3 * BC, zero)
+    tl.store(p_l + 2 * BC * BT, x20)
+    tl.store(p_l + 2 * BC * BT + BC, x21)
+    tl.store(p_l + 2 * BC * BT + 2 * BC, x22)
+    tl.store(p_l + 2 * BC * BT + 3 * BC, zero)
+    tl.store(p_l + 3 * BC * BT, x30)
+    tl.store(p_l + 3 * BC * BT + BC, x31)
+    tl.store(p_l + 3 * BC * BT + 2 * BC, x32)
+    tl.store(p_l + 3 * BC * BT + 3 * BC, x33)
 
 
 @triton.jit

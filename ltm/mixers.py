@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ltm.ops.delta_rule.chunk import chunk_delta_rule
 from ltm.ops.delta_rule.naive import naive_delta_rule
 from ltm.ops.delta_rule.step import delta_rule_step
+from ltm.ops.rwkv7.chunk import chunk_rwkv7
 from ltm.ops.rwkv7.naive import naive_rwkv7
 from ltm.ops.rwkv7.step import rwkv7_step
 
@@ -38,6 +40,7 @@ def check_kernel(kernel: str) -> None:
     """Raise a one-line error unless `kernel` names an implementation that can run here."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
+    # the Triton kernels need no check: Triton is a dependency (its interpreter runs them on CPU)
     if kernel == "fla" and importlib.util.find_spec("fla") is None:
         raise ValueError("kernel: 'fla' needs flash-linear-attention (pip install fla-core), "
                          "which is not installed")
@@ -51,7 +54,6 @@ def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=
         return naive_delta_rule(q, k, v, beta, g, initial_state=initial_state,
                                 output_final_state=output_final_state)
     if kernel == "torch":
-        from ltm.ops.delta_rule.chunk import chunk_delta_rule
         return chunk_delta_rule(q, k, v, beta, g, initial_state=initial_state,
                                 output_final_state=output_final_state, chunk_size=chunk_size)
     if kernel in ("triton", "fla"):
@@ -68,8 +70,7 @@ def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=
         # fla takes g before beta and expects float32 states; its scale default is also K ** -0.5
         return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                                       output_final_state=output_final_state)
-    check_kernel(kernel)
-    raise AssertionError(kernel)
+    raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
 
 
 def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
@@ -94,7 +95,6 @@ def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
         return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state)
     if kernel == "torch":
-        from ltm.ops.rwkv7.chunk import chunk_rwkv7
         return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state, chunk_size=chunk_size)
     if kernel in ("triton", "fla"):
@@ -110,8 +110,7 @@ def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
         # fla's w is the log decay too and a^T S is read before the decay, as in naive_rwkv7
         return fla_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=initial_state,
                          output_final_state=output_final_state)
-    check_kernel(kernel)
-    raise AssertionError(kernel)
+    raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
 
 
 def rwkv7_one_token(r, w, k, v, a, b, state, *, kernel: str):

@@ -383,7 +383,11 @@ class Trainer:
             "data": ("synthetic: uniform random tokens, the loss says nothing about learning"
                      if self.source == "synthetic" else self.source),
             "device": device_name, "world_size": self.world, "mixer": self.model_cfg.mixer,
-            "kernel": self.model_cfg.kernel, "params": self.model.num_params(non_embedding=False),
+            "kernel": self.model_cfg.kernel, "n_latent": self.model_cfg.n_latent,
+            # with latents every step also runs latent_steps forward + backward passes of the
+            # inner loop, which tokens/s includes and flops_per_token (hence MFU) does not
+            "latent_steps": self.cfg.latent_steps if self.model_cfg.n_latent else 0,
+            "params": self.model.num_params(non_embedding=False),
             "params_non_embedding": self.model.num_params(),
             "steps": self.step, "batch_size": self.batch_size, "seq_len": self.cfg.seq_len,
             "tokens_per_step": self.tokens_per_step(),

@@ -7,7 +7,8 @@ from ltm.losses import IGNORE_INDEX, chunked_cross_entropy, cross_entropy_refere
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
 def make_inputs(seed: int, B: int, T: int, D: int, V: int, dtype=torch.float32, ignored: bool = False):

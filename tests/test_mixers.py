@@ -14,9 +14,6 @@ from ltm.mixers import (Attention, DeltaNet, RWKV7TimeMix, ShortConv, apply_rope
                         delta_rule, make_mixer, rope_tables)
 from ltm.model import ModelConfig
 
-HAVE_CHUNK = (importlib.util.find_spec("ltm.ops.delta_rule.chunk") is not None
-              and importlib.util.find_spec("ltm.ops.rwkv7.chunk") is not None)
-needs_chunk = pytest.mark.skipif(not HAVE_CHUNK, reason="ltm.ops chunk forms not written yet")
 
 LINEAR_MIXERS = {
     "rwkv7": dict(mixer="rwkv7"),
@@ -66,7 +63,6 @@ def random_state(mixer, B: int) -> dict:
     return state
 
 
-@needs_chunk
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("name", LINEAR_MIXERS)
 def test_chunk_matches_naive_forward_and_backward(name, shape):
@@ -98,7 +94,7 @@ def test_chunk_matches_naive_forward_and_backward(name, shape):
         assert rel_err(g_t[key], g_n[key]) < bound, f"grad of {key}, seed={seed}"
 
 
-@pytest.mark.parametrize("kernel", ["naive", pytest.param("torch", marks=needs_chunk)])
+@pytest.mark.parametrize("kernel", ["naive", "torch"])
 @pytest.mark.parametrize("name", ALL_MIXERS)
 def test_prefill_then_steps_equal_one_parallel_pass(name, kernel):
     B, T, H, D, chunk = 2, 23, 3, 8, 8

@@ -14,9 +14,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping
 
-HAVE_CHUNK = (importlib.util.find_spec("ltm.ops.delta_rule.chunk") is not None
-              and importlib.util.find_spec("ltm.ops.rwkv7.chunk") is not None)
-needs_chunk = pytest.mark.skipif(not HAVE_CHUNK, reason="ltm.ops chunk forms not written yet")
 
 VOCAB = 37
 MIXERS = {
@@ -99,7 +96,7 @@ def test_missing_fla_fails_at_build_in_one_line():
 
 
 @pytest.mark.parametrize("with_z", [False, True], ids=["no-z", "z"])
-@pytest.mark.parametrize("kernel", ["naive", pytest.param("torch", marks=needs_chunk)])
+@pytest.mark.parametrize("kernel", ["naive", "torch"])
 @pytest.mark.parametrize("name", MIXERS)
 def test_parallel_logits_equal_prefill_then_decoding(name, kernel, with_z):
     seed = new_seed()
@@ -217,8 +214,6 @@ def test_checkpointing_gives_same_loss_and_gradients(name):
 
 @pytest.mark.parametrize("name", ["attention", "attention-window", "rwkv7", "deltanet-hier"])
 def test_torch_forward_has_no_graph_breaks(name):
-    if not HAVE_CHUNK and not name.startswith("attention"):
-        pytest.skip("ltm.ops chunk forms not written yet")
     torch._dynamo.reset()
     model = tiny(MIXERS[name], dtype=torch.float32, kernel="torch", n_latent=2,
                  checkpointing=True).train()

@@ -36,7 +36,7 @@ def test_delta_rule_steps_follow_the_token_loop(B, H, K, V, dtype):
     xs = [x.to(dtype).to(DEVICE) for x in (q, k, v, beta)] + [g.to(DEVICE)]
     step = lambda q, k, v, beta, g, s: delta_rule_step(q, k, v, beta, g, None, s)
     o, state = decode(step, xs, h0.to(DEVICE))
-    o_ref, state_ref = naive_delta_rule(*(x.double() for x in xs), initial_state=h0.double(),
+    o_ref, state_ref = naive_delta_rule(*(x.double() for x in xs), initial_state=h0.to(DEVICE).double(),
                                         output_final_state=True)
     tol = TOLERANCE[dtype][0]
     assert o.dtype == dtype and state.dtype == torch.float32
@@ -63,7 +63,7 @@ def test_rwkv7_steps_follow_the_token_loop(B, H, K, V, dtype):
     h0 = torch.randn(B, H, K, V, generator=gen)
     xs = [x.to(dtype).to(DEVICE) for x in (r, w, k, v, a, b)]
     o, state = decode(rwkv7_step, xs, h0.to(DEVICE))
-    o_ref, state_ref = naive_rwkv7(*(x.double() for x in xs), initial_state=h0.double(),
+    o_ref, state_ref = naive_rwkv7(*(x.double() for x in xs), initial_state=h0.to(DEVICE).double(),
                                    output_final_state=True)
     tol = TOLERANCE[dtype][0]
     assert o.dtype == dtype and state.dtype == torch.float32
