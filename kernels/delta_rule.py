@@ -6,7 +6,8 @@ Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the stat
     O    = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
     S_BT = exp(G_last) S0 + (exp(G_last - G) K)^T D
 Kernels: `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U), `_fwd_kernel` (sequential over chunks:
-states, D, O), `_bwd_state_kernel` (sequential, backwards: dD and the state gradients),
+states and D), `_output_kernel` (chunk-parallel: O), `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state gradients),
+`_bwd_state_kernel` (sequential, backwards: the rest of dD and of the state gradients),
 `_bwd_chunk_kernel` (chunk-parallel: dq, dk, dv, dbeta, dg). Tested against
 `ltm.ops.delta_rule.naive.naive_delta_rule`.
 """
@@ -163,14 +164,15 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(q, k, w, u, gcum, h, d, o, h0, ht, scale, T, H, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
+                STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+    # the sequential part only: the state entering each chunk and the deltas D; the outputs are
+    # computed afterwards, all chunks in parallel, by `_output_kernel`
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
-    causal = idx[:, None] >= idx[None, :]
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         p_h0 = tl.make_block_ptr(h0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
@@ -180,13 +182,10 @@ def _fwd_kernel(q, k, w, u, gcum, h, d, o, h0, ht, scale, T, H, K: tl.constexpr,
         valid = rows < T
         p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_h, b_s, boundary_check=(0, 1))
-        p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
         b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
         b_w = tl.load(p_w, boundary_check=(0, 1))
         b_u = tl.load(p_u, boundary_check=(0, 1))
@@ -195,11 +194,6 @@ def _fwd_kernel(q, k, w, u, gcum, h, d, o, h0, ht, scale, T, H, K: tl.constexpr,
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         b_d = b_u - tl.dot(b_w, b_s, input_precision=PRECISION)
         tl.store(p_d, b_d, boundary_check=(0, 1))
-        qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
-        qk = qk * tl.where(causal & valid[:, None], tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-        b_o = tl.dot(b_q * tl.exp(b_G)[:, None], b_s, input_precision=PRECISION)
-        b_o += tl.dot(qk, b_d, input_precision=PRECISION)
-        tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + tl.dot(tl.trans(b_k * k_decay[:, None]), b_d, input_precision=PRECISION)
     if STORE_HT:
@@ -208,15 +202,72 @@ def _fwd_kernel(q, k, w, u, gcum, h, d, o, h0, ht, scale, T, H, K: tl.constexpr,
 
 
 @triton.jit
-def _bwd_state_kernel(q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H,
-                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                      PRECISION: tl.constexpr):
+def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    # O = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D], every chunk in parallel
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    b_s = tl.load(p_h, boundary_check=(0, 1))
+    b_d = tl.load(p_d, boundary_check=(0, 1))
+    qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    b_o = tl.dot(b_q * tl.exp(b_G)[:, None], b_s, input_precision=PRECISION)
+    b_o += tl.dot(qk, b_d, input_precision=PRECISION)
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    # the parts of dD and of the state gradient that need no later chunk, every chunk in
+    # parallel: dD = (causal exp(G_i - G_j) Q K^T)^T dO into dd, (exp(G) Q)^T dO into dh;
+    # `_bwd_state_kernel` adds the terms that flow back from later chunks
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    tl.store(p_dd, tl.dot(tl.trans(qk), b_do, input_precision=PRECISION), boundary_check=(0, 1))
+    b_qg = b_q * tl.where(valid, tl.exp(b_G), 0.)[:, None]
+    tl.store(p_dh, tl.dot(tl.trans(b_qg), b_do, input_precision=PRECISION), boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
+                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
+    # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
+    # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
-    causal = idx[:, None] >= idx[None, :]
     # (BK, BV): gradient of the state leaving the current chunk
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -227,28 +278,22 @@ def _bwd_state_kernel(q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H,
         rows = i_t * BT + idx
         valid = rows < T
         p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh, b_ds, boundary_check=(0, 1))
-        p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-        p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+        # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
+        b_local = tl.load(p_dh, boundary_check=(0, 1))
+        tl.store(p_dh, b_ds, boundary_check=(0, 1))
         b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
         b_w = tl.load(p_w, boundary_check=(0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
-        qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
-        qk = qk * tl.where(causal & valid[:, None], tl.exp(b_G[:, None] - b_G[None, :]), 0.)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-        b_dd = tl.dot(tl.trans(qk), b_do, input_precision=PRECISION)
+        b_dd = tl.load(p_dd, boundary_check=(0, 1))
         b_dd += tl.dot(b_k * k_decay[:, None], b_ds, input_precision=PRECISION)
         tl.store(p_dd, b_dd, boundary_check=(0, 1))
-        b_ds = b_ds * tl.exp(G_last)
-        b_ds += tl.dot(tl.trans(b_q * tl.exp(b_G)[:, None]), b_do, input_precision=PRECISION)
-        b_ds -= tl.dot(tl.trans(b_w), b_dd, input_precision=PRECISION)
+        b_ds = b_ds * tl.exp(G_last) + b_local - tl.dot(tl.trans(b_w), b_dd, input_precision=PRECISION)
     if STORE_DH0:
         p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_dh0, b_ds, boundary_check=(0, 1))
@@ -394,8 +439,10 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     o = _nan((B, T, H, V), v.dtype, dev)
     ht = _nan((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, u, gcum, h, d, o, initial_state, ht, scale, T, H, K, V, BT, BK, BV,
+        k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK, BV,
         initial_state is not None, output_final_state, precision, **_launch_options(K))
+    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     return o, ht, (w, u, d, gcum, linv, h)
 
 
@@ -410,8 +457,10 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dd = _nan((B, T, H, V), f32, dev)
     dh = _nan((B * H, NT, K, V), f32, dev)
     dh0 = _nan((B, H, K, V), f32, dev) if initial_state is not None else None
+    _bwd_local_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, gcum, do, dd, dh, dht, dh0, scale, T, H, K, V, BT, BK, BV,
+        k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK, BV,
         dht is not None, dh0 is not None, precision, **_launch_options(K))
     dq, dk = _nan(q.shape, q.dtype, dev), _nan(k.shape, k.dtype, dev)
     dv = _nan(v.shape, v.dtype, dev)

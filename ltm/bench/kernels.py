@@ -201,15 +201,20 @@ def _rows_for_shape(op, impls, shape, dtype, device, cfg, ceilings) -> list[dict
         with torch.no_grad():
             outputs[name] = fn(x).float()
         for backward in ((False, True) if cfg.backward else (False,)):
-            timing = _time_one(fn, x, device, backward, cfg)
             nbytes, flops = floor_counts("sdpa" if name == "sdpa" else op, B, T, H, D,
                                          x["v"].element_size(), backward)
             floor_ms = 1e3 * max(nbytes / ceilings["copy_bytes_per_s"],
                                  flops / ceilings["matmul_flops_per_s"])
-            rows.append({"op": op, "impl": name, "B": B, "T": T, "H": H, "D": D,
-                         "dtype": str(dtype).replace("torch.", ""),
-                         "pass": "fwd+bwd" if backward else "fwd", **timing,
-                         "floor_ms": floor_ms, "x_floor": timing["ms"] / floor_ms})
+            row = {"op": op, "impl": name, "B": B, "T": T, "H": H, "D": D,
+                   "dtype": str(dtype).replace("torch.", ""), "pass": "fwd+bwd" if backward else "fwd",
+                   "floor_ms": floor_ms}
+            try:
+                timing = _time_one(fn, x, device, backward, cfg)
+                row.update(timing, x_floor=timing["ms"] / floor_ms)
+            except RuntimeError as err:
+                # e.g. fla refuses its gated backward on some Triton versions: record why
+                row.update(ms=None, peak_mib=None, x_floor=None, error=str(err).splitlines()[0][:200])
+            rows.append(row)
     # agreement with the reference implementation on the same inputs (fla where present)
     ref_name = "fla" if "fla" in outputs else "torch_chunk" if "torch_chunk" in outputs else None
     for row in rows:
@@ -258,10 +263,11 @@ def run(config: KernelBenchConfig | None = None, device: str | None = None,
 
 def _add_fla_ratios(rows: list[dict]) -> None:
     """x_fla = fla's time / this time (above 1: faster than fla), for rows that have an fla twin."""
-    fla = {(r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"]): r["ms"] for r in rows if r["impl"] == "fla"}
+    fla = {(r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"]): r["ms"] for r in rows
+           if r["impl"] == "fla" and r["ms"]}
     for r in rows:
         key = (r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"])
-        r["x_fla"] = fla[key] / r["ms"] if key in fla else None
+        r["x_fla"] = fla[key] / r["ms"] if key in fla and r["ms"] else None
 
 
 def format_table(rows: list[dict]) -> str:
@@ -271,6 +277,9 @@ def format_table(rows: list[dict]) -> str:
         shape = f"{r['B']},{r['T']},{r['H']},{r['D']}"
         x_fla = f"{r['x_fla']:.2f}" if r["x_fla"] else "-"
         mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
+        if r["ms"] is None:
+            lines.append(f"{r['op']:17} {r['impl']:15} {shape:17} {r['pass']:8} failed: {r['error']}")
+            continue
         lines.append(f"{r['op']:17} {r['impl']:15} {shape:17} {r['pass']:8} {r['ms']:9.3f} {x_fla:>6} "
                      f"{r['x_floor']:8.1f} {mib:>8}")
     return "\n".join(lines)
@@ -297,11 +306,14 @@ def main(argv: list[str] | None = None) -> None:
                             naive_tokens=args.naive_tokens or (512 if on_gpu else 64),
                             dtype="bfloat16" if on_gpu else "float32")
     print(json.dumps(environment()), flush=True)
-    rows = run(cfg, verbose=True)
-    print(format_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**environment(), "config": dataclasses.asdict(cfg), "rows": rows},
-                                   indent=1))
+    rows = []
+    # one op at a time, the JSON rewritten after each, so a run cut short keeps what it measured
+    for op in cfg.ops:
+        rows += run(dataclasses.replace(cfg, ops=[op]), verbose=True)
+        args.out.write_text(json.dumps({**environment(), "config": dataclasses.asdict(cfg),
+                                        "rows": rows}, indent=1))
+    print(format_table(rows))
     print(f"wrote {args.out}")
 
 

@@ -106,7 +106,8 @@ def chunk_delta_rule(
     if g is None:
         g = beta.new_zeros(B, T, H)
     # padded tokens have k = beta = g = 0: they leave the state exactly as it is
-    q, k, v, beta, g = (_to_chunks(x.to(dtype), chunk_size) for x in (q * scale, k, v, beta, g))
+    q = q.to(dtype) * scale
+    q, k, v, beta, g = (_to_chunks(x.to(dtype), chunk_size) for x in (q, k, v, beta, g))
     o_local, q_eff, M, N = _chunk_terms(q, k, v, beta, g)
     state = q.new_zeros(B, H, K, V)
     if initial_state is not None:

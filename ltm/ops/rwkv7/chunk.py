@@ -43,25 +43,29 @@ def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
 
 
 def _pair_decay(w_incl: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, C_j, C_i, K): exp(W_i - W_j) for i > j, 1 for i == j, 0 for i < j.
+    """(B, H, N, C_j, C_i, K): exp(W_i - W_j) for i > j, and 0 for i <= j.
 
     j-major, so that contracting it with a token j's vectors over the channels is a plain batched
-    matmul. The positive differences (i < j) are replaced by -inf before the exp, never
-    exponentiated. The diagonal is set, not computed as exp(W_i - W_i): its gradients would cancel
-    exactly in theory but not in float32, where they would swamp the small dw of strong decay.
+    matmul. The differences for i <= j get -inf added before the exp: the positive ones are never
+    exponentiated, and no gradient flows through the diagonal W_i - W_i, whose two halves cancel
+    exactly in theory but not in float32, where they would swamp the small dw of strong decay
+    (the diagonal's value, 1, is added by the caller instead).
     """
     C = w_incl.shape[-2]
     later = torch.ones(C, C, dtype=torch.bool, device=w_incl.device).triu(1)  # [j, i]: i > j
-    same = torch.eye(C, dtype=torch.bool, device=w_incl.device)
-    fill = torch.zeros(C, C, 1, dtype=w_incl.dtype, device=w_incl.device)
-    fill = fill.masked_fill(~same[..., None], float("-inf"))
+    bias = torch.zeros(C, C, 1, dtype=w_incl.dtype, device=w_incl.device)
+    bias = bias.masked_fill(~later[..., None], float("-inf"))
     diff = w_incl[..., None, :, :] - w_incl[..., :, None, :]  # [j, i] = W_i - W_j
-    return torch.where(later[..., None], diff, fill).exp()
+    # in place: the tensor is the size of the whole problem times C
+    return diff.add_(bias).exp_()
 
 
 def _read_back(decay: torch.Tensor, x: torch.Tensor, bk: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, C_i, C_j, 2): sum_c x_ic decay[j, i, c] y_jc for y = b and y = k (stacked in bk)."""
-    return ((decay * x[..., None, :, :]) @ bk).transpose(-2, -3)
+    """(B, H, N, C_i, C_j, 2): sum_c x_ic exp(W_i - W_j)_c y_jc for j <= i, for y = b and y = k
+    (stacked in bk, (B, H, N, C, K, 2)); `decay` from `_pair_decay` holds the j < i terms."""
+    earlier = ((decay * x[..., None, :, :]) @ bk).transpose(-2, -3)
+    same = (x[..., None] * bk).sum(-2)  # (B, H, N, C, 2): the j == i terms, decay 1
+    return earlier + torch.diag_embed(same.transpose(-1, -2), dim1=-3, dim2=-2)
 
 
 def _chunk_terms(r, w, k, v, a, b):
