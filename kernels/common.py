@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Largest head size one program holds whole (the state block is [K, BV] in registers).
@@ -45,3 +46,37 @@ def dot_precision(dtype: torch.dtype) -> str:
 def block_size(size: int) -> int:
     """Power-of-two tile covering `size`, at least 16 (tl.dot's smallest operand side)."""
     return max(16, triton.next_power_of_2(size))
+
+
+def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A NaN-poisoned buffer for a kernel to fill: an element it fails to write shows up as NaN
+    instead of stale memory."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+@triton.jit
+def invert_unit_lower(a, BC: tl.constexpr):
+    """(I + a)^-1 for a strictly lower-triangular (BC, BC) tile: forward substitution, one row
+    at a time, row i = e_i - sum_{j<i} a_ij x_j."""
+    idx = tl.arange(0, BC)
+    x = tl.where(idx[:, None] == idx[None, :], 1., 0.)
+    for i in tl.static_range(1, BC):
+        a_i = tl.sum(tl.where(idx[:, None] == i, a, 0.), axis=0)
+        row = tl.sum(a_i[:, None] * x, axis=0)
+        x = tl.where(idx[:, None] == i, tl.where(idx == i, 1., 0.)[None, :] - row[None, :], x)
+    return x
+
+
+@triton.jit
+def load_rows(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
+    """Rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor, as a (BC, BD) float32 tile
+    (zeros past T and D)."""
+    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
+    return tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+
+
+@triton.jit
+def store_rows(x, val, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
+    """Store a (BC, BD) tile into rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor."""
+    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
+    tl.store(p, val, boundary_check=(0, 1))

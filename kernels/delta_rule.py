@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision)
+                                dot_precision, invert_unit_lower, load_rows, nan_buffer, store_rows)
 
 # Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
 # steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
@@ -26,35 +26,10 @@ CHUNK = 64
 
 
 @triton.jit
-def _invert_unit_lower(a, BC: tl.constexpr):
-    """(I + a)^-1 for a strictly lower-triangular (BC, BC) tile: forward substitution, one row
-    at a time, row i = e_i - sum_{j<i} a_ij x_j."""
-    idx = tl.arange(0, BC)
-    x = tl.where(idx[:, None] == idx[None, :], 1., 0.)
-    for i in tl.static_range(1, BC):
-        a_i = tl.sum(tl.where(idx[:, None] == i, a, 0.), axis=0)
-        row = tl.sum(a_i[:, None] * x, axis=0)
-        x = tl.where(idx[:, None] == i, tl.where(idx == i, 1., 0.)[None, :] - row[None, :], x)
-    return x
-
-
-@triton.jit
 def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
     """One (BC, BC) block of A = beta_i k_i.k_j exp(G_i - G_j), zero where `mask` is false."""
     kk = tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
     return tl.where(mask, beta_i[:, None] * kk * tl.exp(G_i[:, None] - G_j[None, :]), 0.)
-
-
-@triton.jit
-def _load_sub(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
-    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
-    return tl.load(p, boundary_check=(0, 1)).to(tl.float32)
-
-
-@triton.jit
-def _store_sub(x, val, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
-    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
-    tl.store(p, val, boundary_check=(0, 1))
 
 
 @triton.jit
@@ -72,10 +47,10 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     t0 = i_t * BT
     rows0, rows1, rows2, rows3 = t0 + idx, t0 + BC + idx, t0 + 2 * BC + idx, t0 + 3 * BC + idx
     m0, m1, m2, m3 = rows0 < T, rows1 < T, rows2 < T, rows3 < T
-    k0 = _load_sub(k, i_b, i_h, T, H, K, t0, BC, BK)
-    k1 = _load_sub(k, i_b, i_h, T, H, K, t0 + BC, BC, BK)
-    k2 = _load_sub(k, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
-    k3 = _load_sub(k, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    k0 = load_rows(k, i_b, i_h, T, H, K, t0, BC, BK)
+    k1 = load_rows(k, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    k2 = load_rows(k, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    k3 = load_rows(k, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
     pb = beta + (i_b * T) * H + i_h
     b0 = tl.load(pb + rows0 * H, mask=m0, other=0.).to(tl.float32)
     b1 = tl.load(pb + rows1 * H, mask=m1, other=0.).to(tl.float32)
@@ -91,10 +66,10 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
     # rows past the end of the sequence are masked out: exp(G_i - G_j) is meaningless there
     strict = idx[:, None] > idx[None, :]
-    x00 = _invert_unit_lower(_a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION), BC)
-    x11 = _invert_unit_lower(_a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION), BC)
-    x22 = _invert_unit_lower(_a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION), BC)
-    x33 = _invert_unit_lower(_a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION), BC)
+    x00 = invert_unit_lower(_a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION), BC)
+    x11 = invert_unit_lower(_a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION), BC)
+    x22 = invert_unit_lower(_a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION), BC)
+    x33 = invert_unit_lower(_a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION), BC)
     a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
     a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
     a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
@@ -114,29 +89,29 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     # W = L^-1 (beta exp(G) K), row block by row block
     y0, y1 = k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None]
     y2, y3 = k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None]
-    _store_sub(w, tl.dot(x00, y0, input_precision=PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
+    store_rows(w, tl.dot(x00, y0, input_precision=PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
     w1 = tl.dot(x10, y0, input_precision=PRECISION) + tl.dot(x11, y1, input_precision=PRECISION)
-    _store_sub(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    store_rows(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
     w2 = (tl.dot(x20, y0, input_precision=PRECISION) + tl.dot(x21, y1, input_precision=PRECISION)
           + tl.dot(x22, y2, input_precision=PRECISION))
-    _store_sub(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    store_rows(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
     w3 = (tl.dot(x30, y0, input_precision=PRECISION) + tl.dot(x31, y1, input_precision=PRECISION)
           + tl.dot(x32, y2, input_precision=PRECISION) + tl.dot(x33, y3, input_precision=PRECISION))
-    _store_sub(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    store_rows(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
     # U = L^-1 (beta V)
-    z0 = _load_sub(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
-    z1 = _load_sub(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
-    z2 = _load_sub(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
-    z3 = _load_sub(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
-    _store_sub(u, tl.dot(x00, z0, input_precision=PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
+    z0 = load_rows(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
+    z1 = load_rows(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
+    z2 = load_rows(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
+    z3 = load_rows(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
+    store_rows(u, tl.dot(x00, z0, input_precision=PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
     u1 = tl.dot(x10, z0, input_precision=PRECISION) + tl.dot(x11, z1, input_precision=PRECISION)
-    _store_sub(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
+    store_rows(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
     u2 = (tl.dot(x20, z0, input_precision=PRECISION) + tl.dot(x21, z1, input_precision=PRECISION)
           + tl.dot(x22, z2, input_precision=PRECISION))
-    _store_sub(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
+    store_rows(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
     u3 = (tl.dot(x30, z0, input_precision=PRECISION) + tl.dot(x31, z1, input_precision=PRECISION)
           + tl.dot(x32, z2, input_precision=PRECISION) + tl.dot(x33, z3, input_precision=PRECISION))
-    _store_sub(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
+    store_rows(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
     pG = gcum + (i_b * T) * H + i_h
     tl.store(pG + rows0 * H, G0, mask=m0)
     tl.store(pG + rows1 * H, G1, mask=m1)
@@ -404,11 +379,6 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     tl.store(dg + (i_b * T + rows) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=valid)
 
 
-def _nan(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    # poisoned, so an element a kernel fails to write shows up as NaN instead of stale memory
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def _value_block(K: int, V: int) -> int:
     # narrow value blocks: more programs in the sequential kernels, and the (BK, BV) state plus
     # the (BT, BK) tiles still (mostly) fit in registers
@@ -428,16 +398,16 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype)
-    w, u = _nan((B, T, H, K), f32, dev), _nan((B, T, H, V), f32, dev)
-    gcum = _nan((B, T, H), f32, dev)
-    linv = _nan((B * H, NT, BT, BT), f32, dev)
+    w, u = nan_buffer((B, T, H, K), f32, dev), nan_buffer((B, T, H, V), f32, dev)
+    gcum = nan_buffer((B, T, H), f32, dev)
+    linv = nan_buffer((B * H, NT, BT, BT), f32, dev)
     _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
                                   precision, **_launch_options(K))
     BV = _value_block(K, V)
-    h = _nan((B * H, NT, K, V), f32, dev)
-    d = _nan((B, T, H, V), f32, dev)
-    o = _nan((B, T, H, V), v.dtype, dev)
-    ht = _nan((B, H, K, V), f32, dev) if output_final_state else None
+    h = nan_buffer((B * H, NT, K, V), f32, dev)
+    d = nan_buffer((B, T, H, V), f32, dev)
+    o = nan_buffer((B, T, H, V), v.dtype, dev)
+    ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK, BV,
         initial_state is not None, output_final_state, precision, **_launch_options(K))
@@ -454,17 +424,17 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype)
-    dd = _nan((B, T, H, V), f32, dev)
-    dh = _nan((B * H, NT, K, V), f32, dev)
-    dh0 = _nan((B, H, K, V), f32, dev) if initial_state is not None else None
+    dd = nan_buffer((B, T, H, V), f32, dev)
+    dh = nan_buffer((B * H, NT, K, V), f32, dev)
+    dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     _bwd_local_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK, BV,
         dht is not None, dh0 is not None, precision, **_launch_options(K))
-    dq, dk = _nan(q.shape, q.dtype, dev), _nan(k.shape, k.dtype, dev)
-    dv = _nan(v.shape, v.dtype, dev)
-    dbeta, dg = _nan(beta.shape, beta.dtype, dev), _nan(beta.shape, f32, dev)
+    dq, dk = nan_buffer(q.shape, q.dtype, dev), nan_buffer(k.shape, k.dtype, dev)
+    dv = nan_buffer(v.shape, v.dtype, dev)
+    dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     _bwd_chunk_kernel[(NT, B * H)](
         q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg, scale,
         T, H, K, V, BT, BK, BV, precision, **_launch_options(K))

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, check_btd, check_dtype, check_head_dim, check_state
+from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
+                                nan_buffer)
 
 # Tokens between two saved states: the backward recomputes at most this many states per step back.
 CHUNK = 32
@@ -127,11 +128,6 @@ def _bwd_kernel(r, w, k, v, a, b, h, do, dht, scratch, dr, dw, dk, dv, da, db, d
         tl.store(dh0 + i_bh * K * V + p_state, b_ds, mask=m_kv)
 
 
-def _nan(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    # poisoned, so an element a kernel fails to write shows up as NaN instead of stale memory
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def _value_block(K: int, V: int) -> int:
     # more programs (value blocks) for wide heads; each holds a [BK, BV] state in registers
     return min(block_size(V), 32 if K > 64 else 64)
@@ -142,9 +138,9 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     V = v.shape[-1]
     BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
     NT = triton.cdiv(T, BT)
-    h = _nan((B * H, NT, K, V), torch.float32, r.device)
-    o = _nan((B, T, H, V), v.dtype, r.device)
-    ht = _nan((B, H, K, V), torch.float32, r.device) if output_final_state else None
+    h = nan_buffer((B * H, NT, K, V), torch.float32, r.device)
+    o = nan_buffer((B, T, H, V), v.dtype, r.device)
+    ht = nan_buffer((B, H, K, V), torch.float32, r.device) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         r, w, k, v, a, b, o, h, initial_state, ht, T, H, K, V, BT, BK, BV,
         initial_state is not None, output_final_state, num_warps=4)
@@ -159,9 +155,9 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
     dev = r.device
     scratch = torch.empty(B * H * NV * BT * BK * BV, dtype=torch.float32, device=dev)
     # partial sums over the value blocks, added below
-    parts = [_nan((NV, B, T, H, K), torch.float32, dev) for _ in range(5)]
-    dv = _nan(v.shape, v.dtype, dev)
-    dh0 = _nan((B, H, K, V), torch.float32, dev) if initial_state is not None else None
+    parts = [nan_buffer((NV, B, T, H, K), torch.float32, dev) for _ in range(5)]
+    dv = nan_buffer(v.shape, v.dtype, dev)
+    dh0 = nan_buffer((B, H, K, V), torch.float32, dev) if initial_state is not None else None
     _bwd_kernel[(NV, B * H)](
         r, w, k, v, a, b, h, do, dht, scratch, *parts[:2], parts[2], dv, *parts[3:], dh0, T,
         H, K, V, BT, BK, BV, dht is not None, dh0 is not None, num_warps=4)

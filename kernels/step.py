@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import SUPPORTED_DTYPES, block_size, check_head_dim
+from ltm.kernels.common import SUPPORTED_DTYPES, block_size, check_head_dim, nan_buffer
 
 
 @triton.jit
@@ -118,8 +118,8 @@ def delta_rule_step(
     scale = K ** -0.5 if scale is None else float(scale)
     BK, BV = block_size(K), min(block_size(V), 64)
     s = None if state is None else state.float().contiguous()
-    o = torch.full((B, H, V), float("nan"), dtype=v.dtype, device=q.device)
-    s_new = torch.full((B, H, K, V), float("nan"), dtype=torch.float32, device=q.device)
+    o = nan_buffer((B, H, V), v.dtype, q.device)
+    s_new = nan_buffer((B, H, K, V), torch.float32, q.device)
     _delta_rule_step_kernel[(triton.cdiv(V, BV), B * H)](
         q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
         None if g is None else g.contiguous(), s, o, s_new, scale, K, V, BK, BV,
@@ -161,8 +161,8 @@ def rwkv7_step(
     _check_state(state, (B, H, K, V))
     BK, BV = block_size(K), min(block_size(V), 64)
     s = None if state is None else state.float().contiguous()
-    o = torch.full((B, H, V), float("nan"), dtype=v.dtype, device=r.device)
-    s_new = torch.full((B, H, K, V), float("nan"), dtype=torch.float32, device=r.device)
+    o = nan_buffer((B, H, V), v.dtype, r.device)
+    s_new = nan_buffer((B, H, K, V), torch.float32, r.device)
     _rwkv7_step_kernel[(triton.cdiv(V, BV), B * H)](
         *(x.contiguous() for x in (r, w, k, v, a, b)), s, o, s_new, K, V, BK, BV, s is not None,
         num_warps=4)

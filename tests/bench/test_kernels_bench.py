@@ -37,3 +37,23 @@ def test_tiny_cpu_run_times_every_available_implementation():
         assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] == pytest.approx(r["ms"] / r["floor_ms"])
         assert r["x_fla"] is None and r["copy_bytes_per_s"] > 0 and r["matmul_flops_per_s"] > 0
     assert len(format_table(rows).splitlines()) == len(rows) + 1
+
+
+def test_an_implementation_that_refuses_its_inputs_gets_rows_with_the_reason(monkeypatch):
+    from ltm.bench import kernels as bench
+
+    def refuse(x):
+        raise ValueError("float32 is not supported")
+
+    def with_refusal(op, device):
+        return {**implementations(op, device), "fla": refuse}
+
+    implementations = bench.implementations
+    monkeypatch.setattr(bench, "implementations", with_refusal)
+    cfg = KernelBenchConfig(shapes=[[1, 8, 1, 16]], ops=["rwkv7"], naive_tokens=4, warmup_ms=1, rep_ms=1)
+    rows = bench.run(cfg, device="cpu")
+    refused = [r for r in rows if r["impl"] == "fla"]
+    assert [r["pass"] for r in refused] == ["fwd", "fwd+bwd"]
+    assert all(r["ms"] is None and r["error"] == "float32 is not supported" for r in refused)
+    assert "failed: float32 is not supported" in format_table(rows)
+    assert all(r["x_fla"] is None for r in rows)

@@ -1,8 +1,11 @@
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from kernels_helpers import DEVICE, fresh_seed, rel_err
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision)
+                                dot_precision, invert_unit_lower)
 
 
 def test_block_size_is_a_power_of_two_at_least_16():
@@ -28,3 +31,20 @@ def test_checks_name_the_argument():
         check_head_dim("v", 256)
     with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
         check_state("initial_state", torch.zeros(2, 3, 8, 7), (2, 3, 8, 8))
+
+
+@triton.jit
+def _invert_kernel(a_ptr, x_ptr, BC: tl.constexpr):
+    idx = tl.arange(0, BC)
+    offsets = idx[:, None] * BC + idx[None, :]
+    tl.store(x_ptr + offsets, invert_unit_lower(tl.load(a_ptr + offsets), BC))
+
+
+def test_invert_unit_lower_matches_torch_inverse():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(16, 16, generator=gen).tril(-1).to(DEVICE)
+    x = torch.full_like(a, float("nan"))
+    _invert_kernel[(1,)](a, x, 16)
+    ref = torch.linalg.inv(torch.eye(16, device=DEVICE, dtype=torch.float64) + a.double())
+    assert rel_err(x, ref) <= 1e-5, f"seed={seed}: rel err {rel_err(x, ref):.2e}"

@@ -34,6 +34,7 @@ def naive_delta_rule(
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     dtype = torch.promote_types(q.dtype, torch.float32)
+    out_dtype = v.dtype
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     state = q.new_zeros(B, H, K, V)
     if initial_state is not None:
@@ -48,4 +49,4 @@ def naive_delta_rule(
         state = state + k[:, t, :, :, None] * delta[:, :, None, :]
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))
     o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(B, 0, H, V, dtype=dtype)
-    return o.to(v.dtype), (state if output_final_state else None)
+    return o.to(out_dtype), (state if output_final_state else None)

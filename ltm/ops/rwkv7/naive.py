@@ -33,6 +33,7 @@ def naive_rwkv7(
     B, T, H, K = r.shape
     V = v.shape[-1]
     dtype = torch.promote_types(r.dtype, torch.float32)
+    out_dtype = v.dtype
     r, w, k, v, a, b = (x.to(dtype) for x in (r, w, k, v, a, b))
     state = r.new_zeros(B, H, K, V)
     if initial_state is not None:
@@ -46,4 +47,4 @@ def naive_rwkv7(
                  + k[:, t, :, :, None] * v[:, t, :, None, :])
         outputs.append(torch.einsum("bhk,bhkv->bhv", r[:, t], state))
     o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(B, 0, H, V, dtype=dtype)
-    return o.to(v.dtype), (state if output_final_state else None)
+    return o.to(out_dtype), (state if output_final_state else None)
