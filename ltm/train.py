@@ -24,7 +24,6 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
@@ -34,7 +33,7 @@ from ltm.batches import MicroBatches, open_source, with_vocab
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
 from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
-from ltm.params import ParamsError, check, from_mapping, read_params, to_dict
+from ltm.params import ParamsError, apply_override, check, from_mapping, read_params, to_dict
 
 Auto = Literal["auto"]
 
@@ -426,14 +425,7 @@ def load_configs(params_path: str | Path,
     (values read as YAML) applied first."""
     params = read_params(params_path)
     for item in overrides:
-        key, sep, value = item.partition("=")
-        *parents, leaf = key.split(".")
-        if not sep or not parents:
-            raise ParamsError(f"--set {item}: expected section.key=value")
-        node = params
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = yaml.safe_load(value)
+        apply_override(params, item, "--set")
     model_cfg = from_mapping(ModelConfig, params.get("model"), "model")
     train_cfg = from_mapping(TrainConfig, params.get("train"), "train")
     cache_dir = (params.get("data") or {}).get("cache_dir", "data/cache")

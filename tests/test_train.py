@@ -280,7 +280,7 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
     assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
     assert lines[0] == "step,split,loss" and lines[-1].startswith("3,val,") and len(lines) == 5
-    with pytest.raises(ParamsError, match="--set train: expected section.key=value"):
+    with pytest.raises(ParamsError, match="--set: 'train' is not of the form section.key=value"):
         train_stage(params, ["train"], progress=False)
 
 
