@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
-# deltanet at T=1024 and T=8192, attention with compile off and with the plain loss, rwkv7, and
+# deltanet at T=1024 and T=8192, attention with compile off and with the chunked loss, rwkv7, and
 # deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # /tmp/gpu_runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
-# tried on a CPU first.
+# tried on a CPU first; ONLY (a regular expression) picks runs by name.
 set -u
 params=${PARAMS:-configs/gpu.yaml}
 extra=(${EXTRA:-})
@@ -15,10 +15,14 @@ mkdir -p "$runs" "$out"
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
+# ltm.kernels is the kernels/ folder mapped in by the package install (pip install -e .)
+python3 -c "import ltm.kernels" 2>/dev/null ||
+  echo "note: ltm.kernels is not importable here; install the package for the triton runs"
 
 train() {  # name, limit in seconds, then --set overrides; all done within 570 s of the start
   local name=$1 limit=$2
   shift 2
+  if [[ ! $name =~ ${ONLY:-.} ]]; then return; fi
   local left=$((570 - SECONDS))
   if ((left < 40)); then echo "== $name SKIPPED (out of time)"; return; fi
   ((limit > left)) && limit=$left
@@ -49,7 +53,8 @@ if [ -f data/cache/meta.json ]; then
   train deltanet-cache-torch 60 model.mixer=deltanet model.kernel=torch "${real[@]}"
 fi
 train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
-train attention-T1024-compiled-plainloss 120 train.opt.fused_loss=false
+train attention-T1024-compiled-fusedloss 120 train.opt.fused_loss=true
+train attention-T8192-compiled-fusedloss 120 train.opt.fused_loss=true "${long[@]}"
 train attention-T1024-eager-auto-batch 90 train.opt.compile=false train.batch_size=auto
 
 python3 - "$runs" "$out" <<'PY'

@@ -94,6 +94,8 @@ def test_auto_switches_are_off_on_the_cpu_and_on_for_cuda():
     cuda = resolve_switches(OptConfig(pin_memory=True), torch.device("cuda"))
     assert (cuda.amp, cuda.tf32, cuda.compile, cuda.fused_adamw, cuda.pin_memory) == \
         ("bf16", True, True, True, True)
+    # measured slower on a GPU: opt-in only
+    assert not cuda.fused_loss
     assert not resolve_switches(OptConfig(pin_memory=True), torch.device("cpu")).pin_memory
 
 
