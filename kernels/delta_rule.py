@@ -192,7 +192,8 @@ def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.cons
     p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
     p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    # under torch.compile the Python float `scale` arrives as fp64: keep q in fp32
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
     b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_s = tl.load(p_h, boundary_check=(0, 1))
@@ -222,7 +223,7 @@ def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: t
     p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
     b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
     b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
@@ -289,7 +290,7 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
     p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
     b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
