@@ -47,12 +47,13 @@ train deltanet-T8192-compiled 120 model.mixer=deltanet "${long[@]}"
 [ -f "$runs/deltanet-T8192-compiled.json" ] ||
   train deltanet-T8192-eager 60 model.mixer=deltanet train.opt.compile=false "${long[@]}"
 train attention-T1024-eager 60 train.opt.compile=false
+train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
+train rwkv7-T8192-eager 60 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
   train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
   train deltanet-cache-torch 60 model.mixer=deltanet model.kernel=torch "${real[@]}"
 fi
-train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
 train attention-T1024-compiled-fusedloss 120 train.opt.fused_loss=true
 train attention-T8192-compiled-fusedloss 120 train.opt.fused_loss=true "${long[@]}"
 train attention-T1024-eager-auto-batch 90 train.opt.compile=false train.batch_size=auto
