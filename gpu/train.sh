@@ -10,7 +10,7 @@ set -u
 params=${PARAMS:-configs/gpu.yaml}
 extra=(${EXTRA:-})
 out=${OUT:-gpu_out}
-runs=/tmp/gpu_runs
+runs=$out/runs
 mkdir -p "$runs" "$out"
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
