@@ -3,7 +3,7 @@
 # deltanet at T=1024 and T=8192, attention with compile off and with the chunked loss, rwkv7, and
 # deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
-# /tmp/gpu_runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
+# OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
 # tried on a CPU first; ONLY (a regular expression) picks runs by name.
 set -u
