@@ -1,0 +1,73 @@
+"""Where the time of one training step of the GPU profile goes, per mixer (eager, bf16 autocast).
+
+    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B]
+
+For each mixer: the wall time of a step (forward, backward, fused AdamW) and the GPU kernels that
+take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
+"""
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ltm.model import LTM
+from ltm.params import from_mapping, read_params
+from ltm.model import ModelConfig
+
+STEPS = 5
+
+
+def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
+    section = dict(read_params("configs/gpu.yaml")["model"], mixer=mixer)
+    model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+
+def step(model, opt, idx) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = model(idx, idx)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile_mixer(mixer: str, batch: int, seq_len: int) -> None:
+    model, opt = build(mixer)
+    idx = torch.randint(0, model.cfg.vocab_size, (batch, seq_len), device="cuda")
+    for _ in range(3):
+        step(model, opt, idx)
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for _ in range(STEPS):
+        step(model, opt, idx)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - begin) / STEPS
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(STEPS):
+            step(model, opt, idx)
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / STEPS, e.count // STEPS, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    rows.sort(reverse=True)
+    gpu = sum(r[0] for r in rows) / 1000
+    print(f"-- {mixer} B{batch} T{seq_len}: {wall * 1000:.1f} ms per step, "
+          f"{gpu:.1f} ms of GPU kernels, {batch * seq_len / wall:,.0f} tokens/s")
+    for us, calls, key in rows[:18]:
+        print(f"   {us / 1000:8.3f} ms  x{calls:<4d} {key[:100]}")
+    del model, opt
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mixers", nargs="*", default=["attention", "deltanet", "rwkv7"])
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=16)
+    args = parser.parse_args()
+    for mixer in args.mixers:
+        profile_mixer(mixer, args.batch, args.seq_len)
+
+
+if __name__ == "__main__":
+    main()
