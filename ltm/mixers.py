@@ -212,15 +212,18 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
         B, T, channels = x.shape
-        x = x.transpose(1, 2)
         if state is None:
             state = x.new_zeros(B, channels, self.conv_size - 1)
-        # (B, channels, conv_size - 1 + T): the past inputs stand in for zero padding
-        x = torch.cat([state.to(x.dtype), x], dim=-1)
+        # (B, conv_size - 1 + T, channels): the past inputs stand in for zero padding. Time stays
+        # the middle axis: transposing (B, T, 3C) activations twice per layer cost more GPU time
+        # than the convolution itself
+        x = torch.cat([state.transpose(1, 2).to(x.dtype), x], dim=1)
+        # (conv_size, channels), in the activations' dtype so bf16 stays bf16 under autocast
+        weight = self.weight[:, 0].t().to(x.dtype)
         # F.conv1d in a few shifted multiply-adds: the same sum, but CPU conv1d (oneDNN) takes
         # tens of ms per call for T = 1 decoding steps and float64
-        y = sum(x[:, :, j:j + T] * self.weight[:, :, j] for j in range(self.conv_size))
-        return F.silu(y).transpose(1, 2), x[:, :, -(self.conv_size - 1):]
+        y = sum(x[:, j:j + T] * weight[j] for j in range(self.conv_size))
+        return F.silu(y), x[:, -(self.conv_size - 1):].transpose(1, 2)
 
 
 class RWKV7TimeMix(nn.Module):

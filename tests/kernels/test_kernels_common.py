@@ -5,7 +5,7 @@ import triton.language as tl
 
 from kernels_helpers import DEVICE, fresh_seed, rel_err
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision, invert_unit_lower)
+                                dot_precision, invert_unit_lower, nan_buffer)
 
 
 def test_block_size_is_a_power_of_two_at_least_16():
@@ -48,3 +48,11 @@ def test_invert_unit_lower_matches_torch_inverse():
     _invert_kernel[(1,)](a, x, 16)
     ref = torch.linalg.inv(torch.eye(16, device=DEVICE, dtype=torch.float64) + a.double())
     assert rel_err(x, ref) <= 1e-5, f"seed={seed}: rel err {rel_err(x, ref):.2e}"
+
+
+def test_nan_buffer_is_poisoned_only_when_asked(monkeypatch):
+    monkeypatch.setenv("LTM_POISON_BUFFERS", "1")
+    assert torch.isnan(nan_buffer((3, 5), torch.float32, torch.device("cpu"))).all()
+    monkeypatch.setenv("LTM_POISON_BUFFERS", "0")
+    buffer = nan_buffer((3, 5), torch.bfloat16, torch.device("cpu"))
+    assert buffer.shape == (3, 5) and buffer.dtype == torch.bfloat16
