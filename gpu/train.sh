@@ -5,7 +5,8 @@
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
-# tried on a CPU first; ONLY (a regular expression) picks runs by name.
+# tried on a CPU first; ONLY (a regular expression) picks runs by name; BUDGET (seconds, default
+# 570) bounds the whole script.
 set -u
 params=${PARAMS:-configs/gpu.yaml}
 extra=(${EXTRA:-})
@@ -19,11 +20,11 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 python3 -c "import ltm.kernels" 2>/dev/null ||
   echo "note: ltm.kernels is not importable here; install the package for the triton runs"
 
-train() {  # name, limit in seconds, then --set overrides; all done within 570 s of the start
+train() {  # name, limit in seconds, then --set overrides; all done within BUDGET s of the start
   local name=$1 limit=$2
   shift 2
   if [[ ! $name =~ ${ONLY:-.} ]]; then return; fi
-  local left=$((570 - SECONDS))
+  local left=$((${BUDGET:-570} - SECONDS))
   if ((left < 40)); then echo "== $name SKIPPED (out of time)"; return; fi
   ((limit > left)) && limit=$left
   local sets=()
@@ -47,6 +48,7 @@ train deltanet-T8192-compiled 120 model.mixer=deltanet "${long[@]}"
 [ -f "$runs/deltanet-T8192-compiled.json" ] ||
   train deltanet-T8192-eager 60 model.mixer=deltanet train.opt.compile=false "${long[@]}"
 train attention-T1024-eager 60 train.opt.compile=false
+train deltanet-hier-T1024-eager 60 model.mixer=deltanet model.hierarchical=true train.opt.compile=false
 train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
 train rwkv7-T8192-eager 60 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
 if [ -f data/cache/meta.json ]; then

@@ -54,30 +54,39 @@ def variant_configs(sections: dict, steps: int, where: str) -> tuple[ModelConfig
     return model_cfg, train_cfg
 
 
-def run_variant(sections: dict, cfg: AblateConfig, cache_dir: str, where: str) -> dict:
-    model_cfg, train_cfg = variant_configs(sections, cfg.steps, where)
-    speeds, losses = [], []
-    for _ in range(cfg.repeats):
-        with tempfile.TemporaryDirectory() as out_dir:
-            result = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress=False)
-        speeds.append(result.metrics["tokens_per_s"])
-        losses.append(result.metrics["val_loss"])
-    return {"tokens_per_s": statistics.median(speeds), "val_loss": statistics.median(losses),
-            "peak_memory_mib": result.metrics.get("peak_memory_mib")}
+def run_variant(sections: dict, steps: int, cache_dir: str, where: str) -> dict:
+    """tokens/s, val loss and peak memory of one training run of the variant."""
+    model_cfg, train_cfg = variant_configs(sections, steps, where)
+    with tempfile.TemporaryDirectory() as out_dir:
+        metrics = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress=False).metrics
+    return {"tokens_per_s": metrics["tokens_per_s"], "val_loss": metrics["val_loss"],
+            "peak_memory_mib": metrics.get("peak_memory_mib")}
 
 
 def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
-    """One row per variant: the baseline first, then each switch alone."""
+    """One row per variant: the baseline first, then each switch alone. tokens/s and val loss are
+    medians over `repeats` rounds."""
     variants = [("baseline", sections)]
     for i, text in enumerate(cfg.switches):
         where = f"ablate.switches[{i}]"
         variants.append((text, apply_switch(sections, text, where)))
         # fail on a bad switch before spending minutes on the ones before it
         variant_configs(variants[-1][1], cfg.steps, where)
-    rows = []
-    for name, variant in variants:
-        print(f"ablate: {name}", flush=True)
-        rows.append({"switch": name, **run_variant(variant, cfg, cache_dir, name)})
+    # the first run in a process pays one-time costs (thread pools, allocator, lazy imports) that
+    # made the baseline look 30% slower than the same configuration run later; a short untimed
+    # run absorbs them
+    print("ablate: warm-up", flush=True)
+    run_variant(sections, min(cfg.steps, 5), cache_dir, "baseline")
+    runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
+    # rounds run every variant once, so slow drift (heat, other load) hits all of them alike
+    for round_ in range(cfg.repeats):
+        for name, variant in variants:
+            print(f"ablate: {name} (round {round_ + 1} of {cfg.repeats})", flush=True)
+            runs[name].append(run_variant(variant, cfg.steps, cache_dir, name))
+    rows = [{"switch": name,
+             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+             "val_loss": statistics.median(r["val_loss"] for r in results),
+             "peak_memory_mib": results[-1]["peak_memory_mib"]} for name, results in runs.items()]
     table = pd.DataFrame(rows)
     base = table.iloc[0]
     table["speedup"] = table["tokens_per_s"] / base["tokens_per_s"]

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 KERNELS = ("naive", "torch", "triton", "fla")
 
+# the torch chunk form of RWKV-7 uses chunks of at most this many tokens
+RWKV7_MAX_CHUNK = 16
+
 
 def check_kernel(kernel: str) -> None:
     """Raise a one-line error unless `kernel` names an implementation that can run here."""
@@ -95,8 +98,11 @@ def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
         return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state)
     if kernel == "torch":
+        # its (C, C, K) pair-decay tensor grows with the square of the chunk: on a CPU at T=1024,
+        # D=32, chunks of 16 ran 3.9x faster than chunks of 64
         return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
-                           output_final_state=output_final_state, chunk_size=chunk_size)
+                           output_final_state=output_final_state,
+                           chunk_size=min(chunk_size, RWKV7_MAX_CHUNK))
     if kernel in ("triton", "fla"):
         # both take all six inputs in one dtype (bf16 under autocast, where w, a, b are float32)
         r, w, k, a, b = (x.to(v.dtype) for x in (r, w, k, a, b))
