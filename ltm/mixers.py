@@ -367,7 +367,9 @@ class DeltaNet(nn.Module):
             mix = torch.sigmoid(self.mix_proj(x))[..., None]
             o = mix * fast + (1 - mix) * slow
         # (B, T, H, D)
-        o = F.rms_norm(o, (D,), self.norm_weight, self.norm_eps)
+        # the weight in o's dtype: with a float32 weight on bf16 o, torch falls back from its fused
+        # kernel (and warns)
+        o = F.rms_norm(o, (D,), self.norm_weight.to(o.dtype), self.norm_eps)
         o = o * F.silu(self.gate_proj(x)).view(B, T, H, D)
         y = self.out_proj(o.reshape(B, T, C))
         return y, (None if state is None else {"conv": conv_state, "S": S})
