@@ -39,7 +39,7 @@ train() {  # name, limit in seconds, then --set overrides; all done within BUDGE
 
 long=(train.seq_len=8192 train.batch_size=2)
 train attention-T1024-compiled 150
-train deltanet-T1024-compiled 150 model.mixer=deltanet
+train deltanet-T1024-compiled 200 model.mixer=deltanet
 # should the compiler fail on the Triton kernels, the eager numbers still come
 [ -f "$runs/deltanet-T1024-compiled.json" ] ||
   train deltanet-T1024-eager 60 model.mixer=deltanet train.opt.compile=false
