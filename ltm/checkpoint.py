@@ -8,6 +8,8 @@ history so far.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -43,9 +45,25 @@ def load_checkpoint(path: str | Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 of the package's Python sources (ltm/ and the kernels/ folder beside it). A
+    checkpoint written by other code is not resumed: DVC re-runs the train stage after an edit to
+    the model, and continuing the old run would report the old code's results."""
+    package = Path(__file__).resolve().parent
+    roots = [package, package.parent / "kernels"]
+    files = sorted({f.resolve() for root in roots if root.is_dir() for f in root.rglob("*.py")})
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
 def resume_mismatch(checkpoint: dict, model_cfg: dict, train_cfg: dict, world_size: int) -> str | None:
     """Why the run described by the arguments cannot continue `checkpoint`, or None if it can.
-    Everything must match except the keys in RESUMABLE_CHANGES."""
+    The code and everything in the configs must match, except the keys in RESUMABLE_CHANGES."""
+    if checkpoint.get("code") != code_fingerprint():
+        return "the ltm code has changed since it was written"
     if checkpoint.get("world_size") != world_size:
         return f"it was written by {checkpoint.get('world_size')} processes, this run has {world_size}"
     for section, now, then in (("model", model_cfg, checkpoint.get("model_cfg", {})),

@@ -258,7 +258,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "rng": rng, "history": self.history, "metrics": metrics,
                 "model_cfg": self.config_dicts()[0], "train_cfg": self.config_dicts()[1],
-                "world_size": self.world})
+                "world_size": self.world, "code": ckpt.code_fingerprint()})
         self.last_saved = self.step
 
     def loader(self):

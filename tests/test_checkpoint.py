@@ -1,5 +1,6 @@
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def test_rng_states_round_trip():
 
 
 def saved(model=None, train=None, world=1) -> dict:
-    return {"world_size": world, "model_cfg": model or {"d_model": 32, "mixer": "attention"},
+    return {"world_size": world, "code": ckpt.code_fingerprint(), "model_cfg": model or {"d_model": 32, "mixer": "attention"},
             "train_cfg": train or {"steps": 10, "resume": True, "lr": 0.1, "opt": {"amp": "off"}}}
 
 
@@ -54,3 +55,20 @@ def test_resume_rule_allows_only_steps_and_resume_to_change():
         "train.opt.amp was 'off', now 'bf16'"
     assert ckpt.resume_mismatch(saved(), model, {**train, "seed": 3}, 1) == "train.seed was None, now 3"
     assert "2 processes" in ckpt.resume_mismatch(saved(world=2), model, train, 1)
+
+
+def test_a_checkpoint_of_other_code_is_not_resumed(tmp_path, monkeypatch):
+    model, train = saved()["model_cfg"], saved()["train_cfg"]
+    assert ckpt.resume_mismatch(dict(saved(), code="0" * 64), model, train, 1) == \
+        "the ltm code has changed since it was written"
+    # the fingerprint follows the sources: a copy of the package with one edit gets another one
+    copy = tmp_path / "ltm"
+    copy.mkdir()
+    source = Path(ckpt.__file__).read_text()
+    (copy / "checkpoint.py").write_text(source)
+    (copy / "model.py").write_text("x = 1\n")
+    fingerprint = ckpt.code_fingerprint.__wrapped__
+    monkeypatch.setattr(ckpt, "__file__", str(copy / "checkpoint.py"))
+    before = fingerprint()
+    (copy / "model.py").write_text("x = 2\n")
+    assert fingerprint() != before and before != ckpt.code_fingerprint()
