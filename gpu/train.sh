@@ -44,13 +44,13 @@ train deltanet-T1024-compiled 200 model.mixer=deltanet
 [ -f "$runs/deltanet-T1024-compiled.json" ] ||
   train deltanet-T1024-eager 60 model.mixer=deltanet train.opt.compile=false
 train attention-T8192-compiled 120 "${long[@]}"
-train deltanet-T8192-compiled 120 model.mixer=deltanet "${long[@]}"
+train deltanet-T8192-compiled 200 model.mixer=deltanet "${long[@]}"
 [ -f "$runs/deltanet-T8192-compiled.json" ] ||
   train deltanet-T8192-eager 60 model.mixer=deltanet train.opt.compile=false "${long[@]}"
 train attention-T1024-eager 60 train.opt.compile=false
 train deltanet-hier-T1024-eager 60 model.mixer=deltanet model.hierarchical=true train.opt.compile=false
 train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
-train rwkv7-T8192-eager 60 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
+train rwkv7-T8192-eager 150 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
   train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
