@@ -133,6 +133,10 @@ def _value_block(K: int, V: int) -> int:
     return min(block_size(V), 32 if K > 64 else 64)
 
 
+def _launch_options(K: int, V: int) -> dict:
+    return {"num_warps": 4}
+
+
 def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     B, T, H, K = r.shape
     V = v.shape[-1]
@@ -143,7 +147,7 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), torch.float32, r.device) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         r, w, k, v, a, b, o, h, initial_state, ht, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, num_warps=4)
+        initial_state is not None, output_final_state, **_launch_options(K, V))
     return o, ht, h
 
 
@@ -160,7 +164,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
     dh0 = nan_buffer((B, H, K, V), torch.float32, dev) if initial_state is not None else None
     _bwd_kernel[(NV, B * H)](
         r, w, k, v, a, b, h, do, dht, scratch, *parts[:2], parts[2], dv, *parts[3:], dh0, T,
-        H, K, V, BT, BK, BV, dht is not None, dh0 is not None, num_warps=4)
+        H, K, V, BT, BK, BV, dht is not None, dh0 is not None, **_launch_options(K, V))
     dr, dw, dk, da, db = (p.sum(0).to(x.dtype) for p, x in zip(parts, (r, w, k, a, b)))
     return dr, dw, dk, dv, da, db, dh0
 

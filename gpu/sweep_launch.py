@@ -1,0 +1,71 @@
+"""Forward+backward time of our Triton ops under other launch choices (value block, warps,
+pipeline stages), to pick the launchers' defaults from measurements.
+
+    python3 gpu/sweep_launch.py [rwkv7] [delta_rule]
+
+Each row replaces the op module's `_value_block` / `_launch_options` for the duration of one
+measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
+"""
+import itertools
+import sys
+from unittest import mock
+
+import torch
+import triton.testing
+
+from ltm.bench.kernels import make_inputs
+from ltm.kernels import delta_rule as delta_rule_module
+from ltm.kernels import rwkv7 as rwkv7_module
+
+SHAPES = [(8, 2048, 8, 128), (16, 1024, 12, 64)]
+
+
+def fwd_bwd_ms(fn, x) -> float:
+    def once():
+        out = fn(x)
+        out.backward(grad)
+    grad = torch.randn_like(fn(x))
+    once()
+    return triton.testing.do_bench(once, warmup=25, rep=150)
+
+
+def rwkv7_rows():
+    for shape, value_block, warps in itertools.product(SHAPES, (16, 32, 64), (1, 2, 4, 8)):
+        x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
+        def fn(x):
+            return rwkv7_module.chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
+        with mock.patch.object(rwkv7_module, "_value_block", lambda K, V: min(value_block, V)), \
+                mock.patch.object(rwkv7_module, "_launch_options", lambda K, V: {"num_warps": warps}):
+            yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
+
+
+def delta_rule_rows():
+    # (value block, warps, stages): today's choices for K=128 and K=64 first, then neighbours
+    choices = [(32, 8, 1), (32, 8, 2), (64, 8, 1), (16, 8, 1), (16, 8, 2), (32, 4, 1), (32, 4, 2)]
+    for shape, (value_block, warps, stages) in itertools.product(SHAPES, choices):
+        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
+        def fn(x):
+            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+        options = {"num_warps": warps, "num_stages": stages}
+        with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)), \
+                mock.patch.object(delta_rule_module, "_launch_options", lambda K: options):
+            try:
+                ms = fwd_bwd_ms(fn, x)
+            except Exception as err:  # e.g. out of shared memory for this choice
+                print(f"delta_rule {shape} BV={value_block} warps={warps} stages={stages}: "
+                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
+                continue
+            yield "gated_delta_rule", shape, f"BV={value_block} warps={warps} stages={stages}", ms
+
+
+def main() -> None:
+    ops = sys.argv[1:] or ["rwkv7", "delta_rule"]
+    print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
+    for op in ops:
+        rows = rwkv7_rows() if op == "rwkv7" else delta_rule_rows()
+        for name, shape, choice, ms in rows:
+            print(f"{name:17} {','.join(map(str, shape)):15} {choice:28} {ms:8.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
