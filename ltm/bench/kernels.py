@@ -246,9 +246,10 @@ def run(config: KernelBenchConfig | None = None, device: str | None = None,
         for shape in cfg.shapes:
             with_sdpa = dict(impls, sdpa=sdpa) if op == "delta_rule" else impls
             new = _rows_for_shape(op, with_sdpa, shape, dtype, dev, cfg, ceilings)
+            _add_fla_ratios(new)
             rows += new
             if verbose:
-                print(format_table([dict(r, x_fla=None) for r in new]), flush=True)
+                print(format_table(new), flush=True)
         # the token loop, beside our kernel where it runs, at a short length
         B, _, H, D = cfg.shapes[0]
         short = {"naive": naive} if naive else {}

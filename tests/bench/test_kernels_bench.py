@@ -1,7 +1,7 @@
 """The kernel benchmark: its floor formulas, its config checks, and a tiny CPU run."""
 import pytest
 
-from ltm.bench.kernels import KernelBenchConfig, floor_counts, format_table, run
+from ltm.bench.kernels import KernelBenchConfig, _add_fla_ratios, floor_counts, format_table, run
 from ltm.params import ParamsError, from_mapping
 
 
@@ -57,3 +57,12 @@ def test_an_implementation_that_refuses_its_inputs_gets_rows_with_the_reason(mon
     assert all(r["ms"] is None and r["error"] == "float32 is not supported" for r in refused)
     assert "failed: float32 is not supported" in format_table(rows)
     assert all(r["x_fla"] is None for r in rows)
+
+
+def test_fla_ratio_is_fla_time_over_ours_for_the_same_case():
+    case = dict(op="delta_rule", B=1, T=64, H=2, D=32)
+    rows = [dict(case, impl="triton", ms=2.0, **{"pass": "fwd"}),
+            dict(case, impl="fla", ms=1.0, **{"pass": "fwd"}),
+            dict(case, impl="triton", ms=4.0, **{"pass": "fwd+bwd"})]
+    _add_fla_ratios(rows)
+    assert [r["x_fla"] for r in rows] == [0.5, 1.0, None]
