@@ -1,6 +1,15 @@
+import copy
 import json
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from jupytext.config import load_jupytext_configuration_file
 
 from ltm.notebook import main
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 NOTEBOOK = '''# %% tags=["parameters"]
 greeting = "hello"
@@ -31,3 +40,20 @@ def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "ltm: bad.py failed: train.stesp: unknown parameter (did you mean 'steps'?)"
     assert main(["missing.py", "x.ipynb"]) == 2
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.py")), ids=lambda p: p.stem)
+def test_saving_from_jupyterlab_leaves_the_tracked_py_unchanged(path):
+    # what a save in JupyterLab does: the paired .ipynb (now with kernel metadata) written back to
+    # the percent .py under notebooks/jupytext.toml
+    config = load_jupytext_configuration_file(str(NOTEBOOKS / "jupytext.toml"))
+    text = path.read_text()
+    notebook = nbformat.reads(nbformat.writes(jupytext.reads(text, fmt="py:percent")), as_version=4)
+    notebook.metadata["kernelspec"] = {"name": "ltm", "display_name": "Python (ltm)",
+                                       "language": "python"}
+    unfiltered = copy.deepcopy(notebook)
+    unfiltered.metadata.pop("jupytext", None)
+    config.set_default_format_options(notebook.metadata.setdefault("jupytext", {}))
+    assert jupytext.writes(notebook, fmt="py:percent", config=config) == text
+    # without the configuration's filters the kernel metadata would land in the .py
+    assert "kernelspec" in jupytext.writes(unfiltered, fmt="py:percent")
