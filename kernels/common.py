@@ -36,13 +36,39 @@ def check_state(name: str, state: torch.Tensor | None, shape: tuple[int, ...]) -
         raise ValueError(f"{name} must be [B, H, K, V] = {shape} or None, got {tuple(state.shape)}")
 
 
+# Triton's CPU interpreter multiplies bfloat16 tiles as raw bits (wrong results, Triton 3.7), so
+# there `dot` rounds the operands to bfloat16 and multiplies them in float32 instead: the same
+# numbers the tensor cores produce (exact products, float32 sums), by another route.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot precision for the float32 tiles the kernels multiply. float32 inputs: "tf32x3"
+    """How the kernels multiply their float32 tiles (`dot`'s PRECISION). float32 inputs: "tf32x3"
     (three tf32 products, float32-level error ~1e-6, on the tensor cores; plain "ieee" spills
-    heavily at K = 128 and compiles for minutes). Half inputs: "tf32", whose rounding (~5e-4)
-    is far below that of the half-precision inputs and outputs (~4e-3). The CPU interpreter
-    multiplies in exact float32 either way."""
+    heavily at K = 128 and compiles for minutes). Half inputs: "tf32", whose rounding (~5e-4) is
+    far below that of the half-precision inputs and outputs (~4e-3). Rounding the tiles to
+    bfloat16 instead ("bf16") triples the delta rule's error against float64 (1.5e-2 at
+    B1-T70-H2-D32), past the 5e-3 the bfloat16 tests allow. The CPU interpreter multiplies in
+    exact float32 under "tf32"."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def intermediate_dtype(precision: str) -> torch.dtype:
+    """dtype of the saved intermediates that the kernels only feed to `dot` (W, U, D, the chunk
+    states, L^-1): bfloat16 where `dot` rounds its operands to it anyway, else float32."""
+    return torch.bfloat16 if precision.startswith("bf16") else torch.float32
+
+
+@triton.jit
+def dot(a, b, PRECISION: tl.constexpr):
+    """a @ b with float32 sums; PRECISION as `dot_precision` returns."""
+    if PRECISION == "bf16" and not _INTERPRETED:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PRECISION == "bf16":
+        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32),
+                      input_precision="ieee")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
 
 
 def block_size(size: int) -> int:
@@ -74,6 +100,23 @@ def invert_unit_lower(a, BC: tl.constexpr):
 
 
 @triton.jit
+def invert_unit_lower_by_squaring(a, BC: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + a)^-1 for a strictly lower-triangular (16, 16) tile, on the tensor cores: a is
+    nilpotent (a^16 = 0), so (I + a)^-1 = (I - a)(I + a^2)(I + a^4)(I + a^8): six products
+    instead of fifteen dependent row updates."""
+    tl.static_assert(BC == 16, "the product has the factors for 16 x 16 tiles")
+    idx = tl.arange(0, BC)
+    eye = tl.where(idx[:, None] == idx[None, :], 1., 0.)
+    x = eye - a
+    power = dot(a, a, PRECISION)
+    x = dot(x, eye + power, PRECISION)
+    power = dot(power, power, PRECISION)
+    x = dot(x, eye + power, PRECISION)
+    power = dot(power, power, PRECISION)
+    return dot(x, eye + power, PRECISION)
+
+
+@triton.jit
 def load_rows(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
     """Rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor, as a (BC, BD) float32 tile
     (zeros past T and D)."""
@@ -85,4 +128,4 @@ def load_rows(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl
 def store_rows(x, val, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
     """Store a (BC, BD) tile into rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor."""
     p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
-    tl.store(p, val, boundary_check=(0, 1))
+    tl.store(p, val.to(x.dtype.element_ty), boundary_check=(0, 1))

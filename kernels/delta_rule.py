@@ -18,24 +18,28 @@ import triton
 import triton.language as tl
 
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision, invert_unit_lower, load_rows, nan_buffer, store_rows)
+                                dot, dot_precision, intermediate_dtype, invert_unit_lower,
+                                invert_unit_lower_by_squaring, load_rows, nan_buffer, store_rows)
 
 # Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
 # steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
 CHUNK = 64
+# Invert L's 16 x 16 diagonal blocks by repeated squaring (tensor cores) rather than forward
+# substitution (15 dependent row updates); the launch-option sweep compares the two.
+INVERSE_BY_SQUARING = True
 
 
 @triton.jit
 def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
     """One (BC, BC) block of A = beta_i k_i.k_j exp(G_i - G_j), zero where `mask` is false."""
-    kk = tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
+    kk = dot(k_i, tl.trans(k_j), PRECISION)
     return tl.where(mask, beta_i[:, None] * kk * tl.exp(G_i[:, None] - G_j[None, :]), 0.)
 
 
 @triton.jit
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -66,51 +70,61 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
     # rows past the end of the sequence are masked out: exp(G_i - G_j) is meaningless there
     strict = idx[:, None] > idx[None, :]
-    x00 = invert_unit_lower(_a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION), BC)
-    x11 = invert_unit_lower(_a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION), BC)
-    x22 = invert_unit_lower(_a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION), BC)
-    x33 = invert_unit_lower(_a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION), BC)
+    a00 = _a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION)
+    a11 = _a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION)
+    a22 = _a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION)
+    a33 = _a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION)
+    if SQUARING:
+        x00 = invert_unit_lower_by_squaring(a00, BC, INV_PRECISION)
+        x11 = invert_unit_lower_by_squaring(a11, BC, INV_PRECISION)
+        x22 = invert_unit_lower_by_squaring(a22, BC, INV_PRECISION)
+        x33 = invert_unit_lower_by_squaring(a33, BC, INV_PRECISION)
+    else:
+        x00 = invert_unit_lower(a00, BC)
+        x11 = invert_unit_lower(a11, BC)
+        x22 = invert_unit_lower(a22, BC)
+        x33 = invert_unit_lower(a33, BC)
     a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
     a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
     a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
     a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
     a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
     a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
-    x10 = -tl.dot(x11, tl.dot(a10, x00, input_precision=PRECISION), input_precision=PRECISION)
-    x21 = -tl.dot(x22, tl.dot(a21, x11, input_precision=PRECISION), input_precision=PRECISION)
-    x32 = -tl.dot(x33, tl.dot(a32, x22, input_precision=PRECISION), input_precision=PRECISION)
-    s20 = tl.dot(a20, x00, input_precision=PRECISION) + tl.dot(a21, x10, input_precision=PRECISION)
-    x20 = -tl.dot(x22, s20, input_precision=PRECISION)
-    s31 = tl.dot(a31, x11, input_precision=PRECISION) + tl.dot(a32, x21, input_precision=PRECISION)
-    x31 = -tl.dot(x33, s31, input_precision=PRECISION)
-    s30 = (tl.dot(a30, x00, input_precision=PRECISION) + tl.dot(a31, x10, input_precision=PRECISION)
-           + tl.dot(a32, x20, input_precision=PRECISION))
-    x30 = -tl.dot(x33, s30, input_precision=PRECISION)
+    # the off-diagonal blocks of L^-1 in tf32 even for bfloat16 inputs: their error compounds
+    x10 = -dot(x11, dot(a10, x00, INV_PRECISION), INV_PRECISION)
+    x21 = -dot(x22, dot(a21, x11, INV_PRECISION), INV_PRECISION)
+    x32 = -dot(x33, dot(a32, x22, INV_PRECISION), INV_PRECISION)
+    s20 = dot(a20, x00, INV_PRECISION) + dot(a21, x10, INV_PRECISION)
+    x20 = -dot(x22, s20, INV_PRECISION)
+    s31 = dot(a31, x11, INV_PRECISION) + dot(a32, x21, INV_PRECISION)
+    x31 = -dot(x33, s31, INV_PRECISION)
+    s30 = dot(a30, x00, INV_PRECISION) + dot(a31, x10, INV_PRECISION) + dot(a32, x20, INV_PRECISION)
+    x30 = -dot(x33, s30, INV_PRECISION)
     # W = L^-1 (beta exp(G) K), row block by row block
     y0, y1 = k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None]
     y2, y3 = k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None]
-    store_rows(w, tl.dot(x00, y0, input_precision=PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
-    w1 = tl.dot(x10, y0, input_precision=PRECISION) + tl.dot(x11, y1, input_precision=PRECISION)
+    store_rows(w, dot(x00, y0, PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
+    w1 = dot(x10, y0, PRECISION) + dot(x11, y1, PRECISION)
     store_rows(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
-    w2 = (tl.dot(x20, y0, input_precision=PRECISION) + tl.dot(x21, y1, input_precision=PRECISION)
-          + tl.dot(x22, y2, input_precision=PRECISION))
+    w2 = (dot(x20, y0, PRECISION) + dot(x21, y1, PRECISION)
+          + dot(x22, y2, PRECISION))
     store_rows(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
-    w3 = (tl.dot(x30, y0, input_precision=PRECISION) + tl.dot(x31, y1, input_precision=PRECISION)
-          + tl.dot(x32, y2, input_precision=PRECISION) + tl.dot(x33, y3, input_precision=PRECISION))
+    w3 = (dot(x30, y0, PRECISION) + dot(x31, y1, PRECISION)
+          + dot(x32, y2, PRECISION) + dot(x33, y3, PRECISION))
     store_rows(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
     # U = L^-1 (beta V)
     z0 = load_rows(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
     z1 = load_rows(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
     z2 = load_rows(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
     z3 = load_rows(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
-    store_rows(u, tl.dot(x00, z0, input_precision=PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
-    u1 = tl.dot(x10, z0, input_precision=PRECISION) + tl.dot(x11, z1, input_precision=PRECISION)
+    store_rows(u, dot(x00, z0, PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
+    u1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
     store_rows(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
-    u2 = (tl.dot(x20, z0, input_precision=PRECISION) + tl.dot(x21, z1, input_precision=PRECISION)
-          + tl.dot(x22, z2, input_precision=PRECISION))
+    u2 = (dot(x20, z0, PRECISION) + dot(x21, z1, PRECISION)
+          + dot(x22, z2, PRECISION))
     store_rows(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
-    u3 = (tl.dot(x30, z0, input_precision=PRECISION) + tl.dot(x31, z1, input_precision=PRECISION)
-          + tl.dot(x32, z2, input_precision=PRECISION) + tl.dot(x33, z3, input_precision=PRECISION))
+    u3 = (dot(x30, z0, PRECISION) + dot(x31, z1, PRECISION)
+          + dot(x32, z2, PRECISION) + dot(x33, z3, PRECISION))
     store_rows(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
     pG = gcum + (i_b * T) * H + i_h
     tl.store(pG + rows0 * H, G0, mask=m0)
@@ -120,22 +134,23 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     # the full (BT, BT) L^-1 for the backward, upper blocks zero
     p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
     zero = tl.zeros([BC, BC], dtype=tl.float32)
-    tl.store(p_l, x00)
-    tl.store(p_l + BC, zero)
-    tl.store(p_l + 2 * BC, zero)
-    tl.store(p_l + 3 * BC, zero)
-    tl.store(p_l + BC * BT, x10)
-    tl.store(p_l + BC * BT + BC, x11)
-    tl.store(p_l + BC * BT + 2 * BC, zero)
-    tl.store(p_l + BC * BT + 3 * BC, zero)
-    tl.store(p_l + 2 * BC * BT, x20)
-    tl.store(p_l + 2 * BC * BT + BC, x21)
-    tl.store(p_l + 2 * BC * BT + 2 * BC, x22)
-    tl.store(p_l + 2 * BC * BT + 3 * BC, zero)
-    tl.store(p_l + 3 * BC * BT, x30)
-    tl.store(p_l + 3 * BC * BT + BC, x31)
-    tl.store(p_l + 3 * BC * BT + 2 * BC, x32)
-    tl.store(p_l + 3 * BC * BT + 3 * BC, x33)
+    l_dtype = linv.dtype.element_ty
+    tl.store(p_l, x00.to(l_dtype))
+    tl.store(p_l + BC, zero.to(l_dtype))
+    tl.store(p_l + 2 * BC, zero.to(l_dtype))
+    tl.store(p_l + 3 * BC, zero.to(l_dtype))
+    tl.store(p_l + BC * BT, x10.to(l_dtype))
+    tl.store(p_l + BC * BT + BC, x11.to(l_dtype))
+    tl.store(p_l + BC * BT + 2 * BC, zero.to(l_dtype))
+    tl.store(p_l + BC * BT + 3 * BC, zero.to(l_dtype))
+    tl.store(p_l + 2 * BC * BT, x20.to(l_dtype))
+    tl.store(p_l + 2 * BC * BT + BC, x21.to(l_dtype))
+    tl.store(p_l + 2 * BC * BT + 2 * BC, x22.to(l_dtype))
+    tl.store(p_l + 2 * BC * BT + 3 * BC, zero.to(l_dtype))
+    tl.store(p_l + 3 * BC * BT, x30.to(l_dtype))
+    tl.store(p_l + 3 * BC * BT + BC, x31.to(l_dtype))
+    tl.store(p_l + 3 * BC * BT + 2 * BC, x32.to(l_dtype))
+    tl.store(p_l + 3 * BC * BT + 3 * BC, x33.to(l_dtype))
 
 
 @triton.jit
@@ -156,7 +171,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
         rows = i_t * BT + idx
         valid = rows < T
         p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_h, b_s, boundary_check=(0, 1))
+        tl.store(p_h, b_s.to(p_h.dtype.element_ty), boundary_check=(0, 1))
         p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -167,10 +182,10 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
-        b_d = b_u - tl.dot(b_w, b_s, input_precision=PRECISION)
-        tl.store(p_d, b_d, boundary_check=(0, 1))
+        b_d = b_u - dot(b_w, b_s, PRECISION)
+        tl.store(p_d, b_d.to(p_d.dtype.element_ty), boundary_check=(0, 1))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-        b_s = b_s * tl.exp(G_last) + tl.dot(tl.trans(b_k * k_decay[:, None]), b_d, input_precision=PRECISION)
+        b_s = b_s * tl.exp(G_last) + dot(tl.trans(b_k * k_decay[:, None]), b_d, PRECISION)
     if STORE_HT:
         p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_ht, b_s, boundary_check=(0, 1))
@@ -198,10 +213,10 @@ def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.cons
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_s = tl.load(p_h, boundary_check=(0, 1))
     b_d = tl.load(p_d, boundary_check=(0, 1))
-    qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    qk = dot(b_q, tl.trans(b_k), PRECISION)
     qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    b_o = tl.dot(b_q * tl.exp(b_G)[:, None], b_s, input_precision=PRECISION)
-    b_o += tl.dot(qk, b_d, input_precision=PRECISION)
+    b_o = dot(b_q * tl.exp(b_G)[:, None], b_s, PRECISION)
+    b_o += dot(qk, b_d, PRECISION)
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
 
 
@@ -227,11 +242,11 @@ def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: t
     b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
     b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
-    qk = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    qk = dot(b_q, tl.trans(b_k), PRECISION)
     qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    tl.store(p_dd, tl.dot(tl.trans(qk), b_do, input_precision=PRECISION), boundary_check=(0, 1))
+    tl.store(p_dd, dot(tl.trans(qk), b_do, PRECISION), boundary_check=(0, 1))
     b_qg = b_q * tl.where(valid, tl.exp(b_G), 0.)[:, None]
-    tl.store(p_dh, tl.dot(tl.trans(b_qg), b_do, input_precision=PRECISION), boundary_check=(0, 1))
+    tl.store(p_dh, dot(tl.trans(b_qg), b_do, PRECISION), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -267,9 +282,9 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_dd = tl.load(p_dd, boundary_check=(0, 1))
-        b_dd += tl.dot(b_k * k_decay[:, None], b_ds, input_precision=PRECISION)
+        b_dd += dot(b_k * k_decay[:, None], b_ds, PRECISION)
         tl.store(p_dd, b_dd, boundary_check=(0, 1))
-        b_ds = b_ds * tl.exp(G_last) + b_local - tl.dot(tl.trans(b_w), b_dd, input_precision=PRECISION)
+        b_ds = b_ds * tl.exp(G_last) + b_local - dot(tl.trans(b_w), b_dd, PRECISION)
     if STORE_DH0:
         p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_dh0, b_ds, boundary_check=(0, 1))
@@ -326,47 +341,47 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
         b_dd = tl.load(p_dd, boundary_check=(0, 1))
         b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
         # output through the entering state: O += exp(G) Q S0
-        dq_state = e_G[:, None] * tl.dot(b_do, tl.trans(b_h), input_precision=PRECISION)
+        dq_state = e_G[:, None] * dot(b_do, tl.trans(b_h), PRECISION)
         b_dq += dq_state
         b_dG += tl.sum(b_q * dq_state, axis=1)
-        b_r += tl.dot(b_do, tl.trans(b_d), input_precision=PRECISION)
+        b_r += dot(b_do, tl.trans(b_d), PRECISION)
         # leaving state: S_BT += (exp(G_last - G) K)^T D
-        dk_state = k_decay[:, None] * tl.dot(b_d, tl.trans(b_dh), input_precision=PRECISION)
+        dk_state = k_decay[:, None] * dot(b_d, tl.trans(b_dh), PRECISION)
         b_dk += dk_state
         sk = tl.sum(b_k * dk_state, axis=1)
         b_dG -= sk
         dG_last += tl.sum(sk) + tl.exp(G_last) * tl.sum(b_h * b_dh)
         # D = U - W S0 with U = L^-1 (beta V)
-        b_dw -= tl.dot(b_dd, tl.trans(b_h), input_precision=PRECISION)
-        b_dyv = tl.dot(tl.trans(b_linv), b_dd, input_precision=PRECISION)
+        b_dw -= dot(b_dd, tl.trans(b_h), PRECISION)
+        b_dyv = dot(tl.trans(b_linv), b_dd, PRECISION)
         tl.store(p_dv, (b_dyv * b_beta[:, None]).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
         b_dbeta += tl.sum(b_dyv * b_v, axis=1)
-        b_da += tl.dot(b_dyv, tl.trans(b_u), input_precision=PRECISION)
+        b_da += dot(b_dyv, tl.trans(b_u), PRECISION)
     p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
     b_w = tl.load(p_w, boundary_check=(0, 1))
     # W = L^-1 (beta exp(G) K)
-    b_dyk = tl.dot(tl.trans(b_linv), b_dw, input_precision=PRECISION)
+    b_dyk = dot(tl.trans(b_linv), b_dw, PRECISION)
     b_dk += b_dyk * (b_beta * e_G)[:, None]
     dyk_k = tl.sum(b_dyk * b_k, axis=1)
     b_dbeta += dyk_k * e_G
     b_dG += dyk_k * b_beta * e_G
-    b_da += tl.dot(b_dyk, tl.trans(b_w), input_precision=PRECISION)
+    b_da += dot(b_dyk, tl.trans(b_w), PRECISION)
     # A_ij = beta_i k_i.k_j exp(G_i - G_j), strictly lower
     b_da = tl.where(strict, -b_da, 0.)
     gamma = tl.where(strict, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    kk = dot(b_k, tl.trans(b_k), PRECISION)
     da_kk = b_da * kk * gamma
     b_dbeta += tl.sum(da_kk, axis=1)
     p_a = da_kk * b_beta[:, None]
     b_dG += tl.sum(p_a, axis=1) - tl.sum(p_a, axis=0)
     dkk = b_da * b_beta[:, None] * gamma
-    b_dk += tl.dot(dkk, b_k, input_precision=PRECISION)
-    b_dk += tl.dot(tl.trans(dkk), b_k, input_precision=PRECISION)
+    b_dk += dot(dkk, b_k, PRECISION)
+    b_dk += dot(tl.trans(dkk), b_k, PRECISION)
     # in-chunk scores: O += (causal exp(G_i - G_j) Q K^T) D
     b_ds = b_r * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    b_dq += tl.dot(b_ds, b_k, input_precision=PRECISION)
-    b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=PRECISION)
-    p_s = b_ds * tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+    b_dq += dot(b_ds, b_k, PRECISION)
+    b_dk += dot(tl.trans(b_ds), b_q, PRECISION)
+    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION)
     b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
     b_dG += tl.where(idx == last, dG_last, 0.)
     b_dG = tl.where(valid, b_dG, 0.)
@@ -399,14 +414,18 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype)
-    w, u = nan_buffer((B, T, H, K), f32, dev), nan_buffer((B, T, H, V), f32, dev)
+    inverse_precision = "tf32" if precision == "bf16" else precision
+    # W, U, D, the chunk states and L^-1 reach the later kernels only as `dot` operands
+    mid = intermediate_dtype(precision)
+    w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     gcum = nan_buffer((B, T, H), f32, dev)
-    linv = nan_buffer((B * H, NT, BT, BT), f32, dev)
+    linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
     _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
-                                  precision, **_launch_options(K))
+                                  precision, inverse_precision, INVERSE_BY_SQUARING,
+                                  **_launch_options(K))
     BV = _value_block(K, V)
-    h = nan_buffer((B * H, NT, K, V), f32, dev)
-    d = nan_buffer((B, T, H, V), f32, dev)
+    h = nan_buffer((B * H, NT, K, V), mid, dev)
+    d = nan_buffer((B, T, H, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
