@@ -25,7 +25,7 @@ VARIANTS = list(itertools.product(("tf32", "bf16"), (False, True)))
 
 
 def variant(precision: str, squaring: bool):
-    return mock.patch.multiple(module, dot_precision=lambda dtype: precision,
+    return mock.patch.multiple(module, dot_precision=lambda dtype, head_dim: precision,
                                INVERSE_BY_SQUARING=squaring)
 
 

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot, dot_precision, intermediate_dtype, invert_unit_lower,
-                                invert_unit_lower_by_squaring, load_rows, nan_buffer, store_rows)
+                                invert_unit_lower_by_squaring, load_rows, nan_buffer, rounded,
+                                store_rows)
 
 # Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
 # steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
@@ -135,22 +136,22 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
     zero = tl.zeros([BC, BC], dtype=tl.float32)
     l_dtype = linv.dtype.element_ty
-    tl.store(p_l, x00.to(l_dtype))
-    tl.store(p_l + BC, zero.to(l_dtype))
-    tl.store(p_l + 2 * BC, zero.to(l_dtype))
-    tl.store(p_l + 3 * BC, zero.to(l_dtype))
-    tl.store(p_l + BC * BT, x10.to(l_dtype))
-    tl.store(p_l + BC * BT + BC, x11.to(l_dtype))
-    tl.store(p_l + BC * BT + 2 * BC, zero.to(l_dtype))
-    tl.store(p_l + BC * BT + 3 * BC, zero.to(l_dtype))
-    tl.store(p_l + 2 * BC * BT, x20.to(l_dtype))
-    tl.store(p_l + 2 * BC * BT + BC, x21.to(l_dtype))
-    tl.store(p_l + 2 * BC * BT + 2 * BC, x22.to(l_dtype))
-    tl.store(p_l + 2 * BC * BT + 3 * BC, zero.to(l_dtype))
-    tl.store(p_l + 3 * BC * BT, x30.to(l_dtype))
-    tl.store(p_l + 3 * BC * BT + BC, x31.to(l_dtype))
-    tl.store(p_l + 3 * BC * BT + 2 * BC, x32.to(l_dtype))
-    tl.store(p_l + 3 * BC * BT + 3 * BC, x33.to(l_dtype))
+    tl.store(p_l, rounded(x00, l_dtype))
+    tl.store(p_l + BC, rounded(zero, l_dtype))
+    tl.store(p_l + 2 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + BC * BT, rounded(x10, l_dtype))
+    tl.store(p_l + BC * BT + BC, rounded(x11, l_dtype))
+    tl.store(p_l + BC * BT + 2 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + BC * BT + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 2 * BC * BT, rounded(x20, l_dtype))
+    tl.store(p_l + 2 * BC * BT + BC, rounded(x21, l_dtype))
+    tl.store(p_l + 2 * BC * BT + 2 * BC, rounded(x22, l_dtype))
+    tl.store(p_l + 2 * BC * BT + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 3 * BC * BT, rounded(x30, l_dtype))
+    tl.store(p_l + 3 * BC * BT + BC, rounded(x31, l_dtype))
+    tl.store(p_l + 3 * BC * BT + 2 * BC, rounded(x32, l_dtype))
+    tl.store(p_l + 3 * BC * BT + 3 * BC, rounded(x33, l_dtype))
 
 
 @triton.jit
@@ -171,7 +172,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
         rows = i_t * BT + idx
         valid = rows < T
         p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_h, b_s.to(p_h.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_h, rounded(b_s, p_h.dtype.element_ty), boundary_check=(0, 1))
         p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -183,7 +184,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         b_d = b_u - dot(b_w, b_s, PRECISION)
-        tl.store(p_d, b_d.to(p_d.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_d, rounded(b_d, p_d.dtype.element_ty), boundary_check=(0, 1))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(tl.trans(b_k * k_decay[:, None]), b_d, PRECISION)
     if STORE_HT:
@@ -217,7 +218,7 @@ def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.cons
     qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
     b_o = dot(b_q * tl.exp(b_G)[:, None], b_s, PRECISION)
     b_o += dot(qk, b_d, PRECISION)
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_o, rounded(b_o, p_o.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -354,7 +355,7 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
         # D = U - W S0 with U = L^-1 (beta V)
         b_dw -= dot(b_dd, tl.trans(b_h), PRECISION)
         b_dyv = dot(tl.trans(b_linv), b_dd, PRECISION)
-        tl.store(p_dv, (b_dyv * b_beta[:, None]).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dv, rounded(b_dyv * b_beta[:, None], p_dv.dtype.element_ty), boundary_check=(0, 1))
         b_dbeta += tl.sum(b_dyv * b_v, axis=1)
         b_da += dot(b_dyv, tl.trans(b_u), PRECISION)
     p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
@@ -389,10 +390,10 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
     p_dq = tl.make_block_ptr(dq + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
     p_dk = tl.make_block_ptr(dk + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(dbeta + (i_b * T + rows) * H + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=valid)
-    tl.store(dg + (i_b * T + rows) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=valid)
+    tl.store(p_dq, rounded(b_dq * scale, p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, rounded(b_dk, p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, rounded(b_dbeta, dbeta.dtype.element_ty), mask=valid)
+    tl.store(dg + (i_b * T + rows) * H + i_h, rounded(b_dg, dg.dtype.element_ty), mask=valid)
 
 
 def _value_block(K: int, V: int) -> int:
@@ -413,7 +414,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     BT, BK, BV = CHUNK, block_size(K), block_size(V)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
-    precision = dot_precision(q.dtype)
+    precision = dot_precision(q.dtype, K)
     inverse_precision = "tf32" if precision == "bf16" else precision
     # W, U, D, the chunk states and L^-1 reach the later kernels only as `dot` operands
     mid = intermediate_dtype(precision)
@@ -443,7 +444,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
-    precision = dot_precision(q.dtype)
+    precision = dot_precision(q.dtype, K)
     dd = nan_buffer((B, T, H, V), f32, dev)
     dh = nan_buffer((B * H, NT, K, V), f32, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None

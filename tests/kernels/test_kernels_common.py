@@ -5,17 +5,19 @@ import triton.language as tl
 
 from kernels_helpers import DEVICE, fresh_seed, rel_err
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision, invert_unit_lower, nan_buffer)
+                                dot, dot_precision, intermediate_dtype, invert_unit_lower,
+                                invert_unit_lower_by_squaring, nan_buffer, rounded)
 
 
 def test_block_size_is_a_power_of_two_at_least_16():
     assert [block_size(n) for n in (1, 16, 17, 32, 33, 64, 100, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
 
 
-def test_dot_precision_is_float32_level_for_float32_only():
-    assert dot_precision(torch.float32) == "tf32x3"
-    assert dot_precision(torch.bfloat16) == "tf32"
-    assert dot_precision(torch.float16) == "tf32"
+def test_dot_precision_is_float32_level_for_float32_and_bf16_for_wide_bf16_heads():
+    assert [dot_precision(torch.float32, k) for k in (32, 128)] == ["tf32x3", "tf32x3"]
+    assert [dot_precision(torch.bfloat16, k) for k in (32, 63, 64, 128)] == ["tf32", "tf32", "bf16", "bf16"]
+    assert dot_precision(torch.float16, 128) == "tf32"
+    assert intermediate_dtype("bf16") == torch.bfloat16 and intermediate_dtype("tf32") == torch.float32
 
 
 def test_checks_name_the_argument():
@@ -48,6 +50,47 @@ def test_invert_unit_lower_matches_torch_inverse():
     _invert_kernel[(1,)](a, x, 16)
     ref = torch.linalg.inv(torch.eye(16, device=DEVICE, dtype=torch.float64) + a.double())
     assert rel_err(x, ref) <= 1e-5, f"seed={seed}: rel err {rel_err(x, ref):.2e}"
+
+
+@triton.jit
+def _squaring_kernel(a_ptr, x_ptr, BC: tl.constexpr):
+    idx = tl.arange(0, BC)
+    offsets = idx[:, None] * BC + idx[None, :]
+    tl.store(x_ptr + offsets, invert_unit_lower_by_squaring(tl.load(a_ptr + offsets), BC, "tf32x3"))
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 2.0])
+def test_invert_unit_lower_by_squaring_matches_torch_inverse(scale):
+    # scale 2 gives inverse entries in the thousands: the products must not lose them
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a = (scale * torch.randn(16, 16, generator=gen)).tril(-1).to(DEVICE)
+    x = torch.full_like(a, float("nan"))
+    _squaring_kernel[(1,)](a, x, 16)
+    ref = torch.linalg.inv(torch.eye(16, device=DEVICE, dtype=torch.float64) + a.double())
+    assert rel_err(x, ref) <= 1e-5, f"seed={seed}: rel err {rel_err(x, ref):.2e}"
+
+
+@triton.jit
+def _round_and_dot_kernel(a_ptr, b_ptr, r_ptr, c_ptr, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    offsets = idx[:, None] * N + idx[None, :]
+    a, b = tl.load(a_ptr + offsets), tl.load(b_ptr + offsets)
+    tl.store(r_ptr + offsets, rounded(a, r_ptr.dtype.element_ty))
+    tl.store(c_ptr + offsets, dot(a, b, "bf16"))
+
+
+def test_rounded_and_bf16_dot_round_to_nearest_even_like_torch():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(32, 32, generator=gen).to(DEVICE) for _ in range(2))
+    r = torch.empty(32, 32, dtype=torch.bfloat16, device=DEVICE)
+    c = torch.full_like(a, float("nan"))
+    _round_and_dot_kernel[(1,)](a, b, r, c, 32)
+    assert torch.equal(r, a.to(torch.bfloat16)), f"seed={seed}"
+    # exact products of the rounded operands, summed in float32
+    ref = a.to(torch.bfloat16).double() @ b.to(torch.bfloat16).double()
+    assert rel_err(c, ref) <= 1e-6, f"seed={seed}: rel err {rel_err(c, ref):.2e}"
 
 
 def test_nan_buffer_is_poisoned_only_when_asked(monkeypatch):
