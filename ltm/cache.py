@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ltm.corpus import SHAKESPEARE_ARCHIVE, DataError, read_corpus, split_documents
 from ltm.params import check, load_section

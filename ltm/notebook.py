@@ -10,6 +10,7 @@ params.yaml), the full traceback stays in the saved notebook.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -17,9 +18,24 @@ from pathlib import Path
 import jupytext
 import papermill
 
+from ltm.params import ParamsError
+
 KERNEL_NAME = "ltm"
 # errors whose message is meant for the user as it is; anything else is a bug and shows its type
 USER_ERRORS = {"ParamsError", "DataError"}
+
+
+def enter_project_root(start: str | Path | None = None) -> Path:
+    """Change to the folder holding dvc.yaml, `start` (default: the working directory) or the
+    nearest one above it, and return it. Stage notebooks call this first: JupyterLab starts a
+    notebook's kernel in notebooks/, while params.yaml and every path in it are relative to the
+    root, where DVC and papermill run them."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "dvc.yaml").is_file():
+            os.chdir(folder)
+            return folder
+    raise ParamsError(f"no dvc.yaml in {here} or above it: open the notebook inside an ltm checkout")
 
 
 def run_notebook(source: str | Path, output: str | Path, parameters: dict | None = None,

@@ -12,15 +12,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import seaborn as sns
+import torch
+# Figures are made without pyplot: nothing global is switched (a notebook keeps its inline
+# backend and shows each figure once, where it is displayed) and no window opens anywhere.
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-import torch  # noqa: E402
-
-from ltm.params import load_section  # noqa: E402
+from ltm.params import load_section
 
 
 @dataclass
@@ -33,7 +32,7 @@ class ReportConfig:
 class Section:
     title: str
     tables: list[pd.DataFrame]
-    figures: list[plt.Figure]
+    figures: list[Figure]
     note: str = ""
 
 
@@ -62,9 +61,10 @@ def data_section(metrics_dir: Path) -> Section:
     return Section("Data", [_flat_table(metrics)], [])
 
 
-def loss_figure(curve: pd.DataFrame) -> plt.Figure:
+def loss_figure(curve: pd.DataFrame) -> Figure:
     """Train and validation loss per step, from rows (step, split, loss)."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
     sns.lineplot(data=curve, x="step", y="loss", hue="split", marker=".", ax=ax)
     ax.set_title("loss per step")
     return fig
@@ -78,9 +78,10 @@ def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     return Section("Training", [_flat_table(metrics)], figures)
 
 
-def ablate_figure(table: pd.DataFrame) -> plt.Figure:
+def ablate_figure(table: pd.DataFrame) -> Figure:
     """Speed-up and validation loss of each switch, side by side."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(table) + 1.5), sharey=True)
+    fig = Figure(figsize=(11, 0.5 * len(table) + 1.5))
+    axes = fig.subplots(1, 2, sharey=True)
     sns.barplot(data=table, y="switch", x="speedup", ax=axes[0], color="tab:blue")
     axes[0].axvline(1.0, color="black", linewidth=0.8)
     axes[0].set_title("tokens/s relative to the baseline")
@@ -99,11 +100,12 @@ def ablate_section(plots_dir: Path) -> Section:
     return Section("Speed switches", [table], [ablate_figure(table)], note)
 
 
-def benchmark_figures(table: pd.DataFrame) -> list[plt.Figure]:
+def benchmark_figures(table: pd.DataFrame) -> list[Figure]:
     """One bar chart of milliseconds per benchmark group, implementations side by side."""
     figures = []
     for group, rows in table.groupby("group", sort=False):
-        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        fig = Figure(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax = fig.subplots()
         sns.barplot(data=rows, y="case", x="ms", hue="impl", ax=ax)
         ax.set_xscale("log")
         ax.set_title(f"{group}: milliseconds (log scale, lower is better)")
@@ -130,7 +132,7 @@ def environment() -> dict:
             "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def _figure_html(fig: plt.Figure, dpi: int) -> str:
+def _figure_html(fig: Figure, dpi: int) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
     encoded = base64.b64encode(buffer.getvalue()).decode()

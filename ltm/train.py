@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, open_source, with_vocab

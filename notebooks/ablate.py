@@ -8,6 +8,13 @@
 params_path = "params.yaml"
 
 # %%
+# %matplotlib inline
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
 from ltm.ablate import ablate_stage
 
 table = ablate_stage(params_path)
@@ -16,4 +23,4 @@ table
 # %%
 from ltm.report import ablate_figure
 
-ablate_figure(table);
+ablate_figure(table)

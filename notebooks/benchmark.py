@@ -9,6 +9,13 @@
 params_path = "params.yaml"
 
 # %%
+# %matplotlib inline
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
 import json
 from pathlib import Path
 

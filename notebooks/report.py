@@ -8,6 +8,13 @@ params_path = "params.yaml"
 output = "reports/report.html"
 
 # %%
+# %matplotlib inline
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
 from IPython.display import display
 
 from ltm.report import report_stage

@@ -8,6 +8,12 @@ params_path = "params.yaml"
 metrics_path = "reports/metrics/tokenize.json"
 
 # %%
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
 import pandas as pd
 
 from ltm.cache import read_meta, tokenize_stage

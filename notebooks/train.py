@@ -8,6 +8,13 @@
 params_path = "params.yaml"
 
 # %%
+# %matplotlib inline
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
 import pandas as pd
 
 from ltm.report import loss_figure
@@ -17,4 +24,4 @@ result = train_stage(params_path)
 pd.Series(result.metrics, name="value").to_frame()
 
 # %%
-loss_figure(pd.DataFrame(result.history));
+loss_figure(pd.DataFrame(result.history))

@@ -7,7 +7,8 @@ import nbformat
 import pytest
 from jupytext.config import load_jupytext_configuration_file
 
-from ltm.notebook import main
+from ltm.notebook import enter_project_root, main
+from ltm.params import ParamsError
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -57,3 +58,42 @@ def test_saving_from_jupyterlab_leaves_the_tracked_py_unchanged(path):
     assert jupytext.writes(notebook, fmt="py:percent", config=config) == text
     # without the configuration's filters the kernel metadata would land in the .py
     assert "kernelspec" in jupytext.writes(unfiltered, fmt="py:percent")
+
+
+FIGURE = '''# %%
+# %matplotlib inline
+import pandas as pd
+from ltm.report import loss_figure
+loss_figure(pd.DataFrame({"step": [1, 2, 2], "split": ["train", "train", "val"], "loss": [2.0, 1.5, 1.7]}))
+'''
+
+
+def test_figures_show_as_images_in_executed_notebooks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nb.py").write_text(FIGURE)
+    assert main(["nb.py", "nb.ipynb"]) == 0
+    cells = nbformat.read(tmp_path / "nb.ipynb", as_version=4).cells
+    outputs = [out for cell in cells for out in cell.get("outputs", [])]
+    assert any("image/png" in out.get("data", {}) for out in outputs), outputs
+
+
+def test_enter_project_root_climbs_from_notebooks_to_the_dvc_yaml(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert enter_project_root() == tmp_path.resolve()
+    assert Path.cwd() == tmp_path.resolve()
+
+
+def test_enter_project_root_outside_a_checkout_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ParamsError, match="no dvc.yaml"):
+        enter_project_root()
+
+
+def test_stage_notebooks_with_figures_use_the_inline_backend():
+    # without it a kernel shows a figure as "<Figure size ...>" text
+    for source in NOTEBOOKS.glob("*.py"):
+        text = source.read_text()
+        if "figure" in text:
+            assert "# %matplotlib inline" in text, source.name
