@@ -46,17 +46,17 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 def dot_precision(dtype: torch.dtype, head_dim: int) -> str:
     """How the kernels multiply their tiles (`dot`'s PRECISION).
 
-    float32 inputs: "tf32x3" (three tf32 products, float32-level error ~1e-6, on the tensor
-    cores; plain "ieee" spills heavily at K = 128 and compiles for minutes). bfloat16 inputs with
-    head_dim >= 64: "bf16", operands rounded to bfloat16 and summed in float32, as fla does; on an
-    H100 this made the delta rule's forward+backward 1.4x faster at 8,2048,8,128 (3.30 -> 2.35 ms)
-    with errors against float64 of 3.7e-3 (o) and <= 4.1e-3 (gradients), against 2.2e-3 and
-    2.8e-3 in tf32. Smaller heads cost little either way and sit nearer the tests' bounds in
-    bf16 (one gradient reached 1.1e-2 at B1-T1-H1-D32 with an initial state), and float16 inputs'
-    intermediates can leave float16's range: both get "tf32" (~5e-4 rounding)."""
-    if dtype == torch.float32:
-        return "tf32x3"
-    return "bf16" if dtype == torch.bfloat16 and head_dim >= 64 else "tf32"
+    bfloat16 inputs with head_dim >= 64: "bf16", operands rounded to bfloat16 and summed in
+    float32, as fla does; on an H100 this made the delta rule's forward+backward 1.4x faster at
+    8,2048,8,128 (3.30 -> 2.35 ms) with errors against float64 of 3.7e-3 (o) and <= 4.1e-3
+    (gradients), against 2.2e-3 and 2.8e-3 with tf32 tiles. Everything else: "tf32x3" (three
+    tf32 products, float32-level error ~1e-6, on the tensor cores; plain "ieee" spills heavily at
+    K = 128 and compiles for minutes). Single tf32 products (~5e-4 rounding) were not enough:
+    a gradient that is a sum with cancellation (dbeta at B1-T1-H1-D32) came out 2.6e-2 off, and
+    small heads cost little either way."""
+    if dtype == torch.bfloat16 and head_dim >= 64:
+        return "bf16"
+    return "tf32x3"
 
 
 def intermediate_dtype(precision: str) -> torch.dtype:

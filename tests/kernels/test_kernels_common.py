@@ -13,10 +13,10 @@ def test_block_size_is_a_power_of_two_at_least_16():
     assert [block_size(n) for n in (1, 16, 17, 32, 33, 64, 100, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
 
 
-def test_dot_precision_is_float32_level_for_float32_and_bf16_for_wide_bf16_heads():
+def test_dot_precision_is_bf16_for_wide_bf16_heads_else_float32_level():
     assert [dot_precision(torch.float32, k) for k in (32, 128)] == ["tf32x3", "tf32x3"]
-    assert [dot_precision(torch.bfloat16, k) for k in (32, 63, 64, 128)] == ["tf32", "tf32", "bf16", "bf16"]
-    assert dot_precision(torch.float16, 128) == "tf32"
+    assert [dot_precision(torch.bfloat16, k) for k in (32, 63, 64, 128)] == ["tf32x3", "tf32x3", "bf16", "bf16"]
+    assert dot_precision(torch.float16, 128) == "tf32x3"
     assert intermediate_dtype("bf16") == torch.bfloat16 and intermediate_dtype("tf32") == torch.float32
 
 
