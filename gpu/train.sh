@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
-# deltanet at T=1024 and T=8192, attention with compile off and with the chunked loss, rwkv7, and
-# deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
+# deltanet at T=1024, 2048 and 8192 beside a nanoGPT-class GPT-2 baseline (gpu/gpt2_baseline.py),
+# attention with compile off and with the chunked loss, rwkv7, and deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
@@ -37,9 +37,21 @@ train() {  # name, limit in seconds, then --set overrides; all done within BUDGE
   echo "== $name took $((SECONDS - begin)) s"
 }
 
+baseline() {  # name, limit in seconds, then arguments of gpu/gpt2_baseline.py
+  local name=$1 limit=$2
+  shift 2
+  if [[ ! $name =~ ${ONLY:-.} ]]; then return; fi
+  echo "== $name: $*"
+  timeout "$limit" python3 gpu/gpt2_baseline.py "$@" | tee "$runs/$name.jsonl" || echo "== $name FAILED"
+}
+
 long=(train.seq_len=8192 train.batch_size=2)
+mid=(train.seq_len=2048 train.batch_size=8)
+baseline gpt2-baseline-T1024-compiled 120 --compile
 train attention-T1024-compiled 150
 train deltanet-T1024-compiled 200 model.mixer=deltanet
+train attention-T2048-compiled 150 "${mid[@]}"
+train deltanet-T2048-compiled 200 model.mixer=deltanet "${mid[@]}"
 # should the compiler fail on the Triton kernels, the eager numbers still come
 [ -f "$runs/deltanet-T1024-compiled.json" ] ||
   train deltanet-T1024-eager 60 model.mixer=deltanet train.opt.compile=false
