@@ -53,7 +53,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.ln_f(x) @ self.tok.weight.t()
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def main() -> None:

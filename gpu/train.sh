@@ -49,6 +49,7 @@ long=(train.seq_len=8192 train.batch_size=2)
 mid=(train.seq_len=2048 train.batch_size=8)
 baseline gpt2-baseline-T1024-compiled 120 --compile
 train attention-T1024-compiled 150
+train attention-T1024-B32-compiled 150 train.batch_size=32
 train deltanet-T1024-compiled 200 model.mixer=deltanet
 train attention-T2048-compiled 150 "${mid[@]}"
 train deltanet-T2048-compiled 200 model.mixer=deltanet "${mid[@]}"
