@@ -71,27 +71,53 @@ def _kernel_rows(cfg: KernelBenchConfig, device: torch.device) -> list[dict]:
             for r in rows]
 
 
+def recorded_rows(folder: str | Path) -> list[dict]:
+    """The kernel benchmarks recorded on GPUs: every JSON that `python -m ltm.bench.kernels`
+    wrote and that is kept in `folder`, one row per measurement, grouped by device, so that a
+    CPU run of the stage still reports them. A file that is not such a record is an error."""
+    rows = []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            device, measured = record["device"], record["rows"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: not a kernel benchmark record ({err})") from None
+        for row in measured:
+            rows.append(dict(row, group=f"{row['op']} {row['pass']} on {device} (recorded)",
+                             case=f"{row['B']},{row['T']},{row['H']},{row['D']}",
+                             record=path.name, commit=record.get("commit")))
+    return rows
+
+
 def summarise(table: pd.DataFrame, device: torch.device) -> dict:
     """The headline numbers for `dvc metrics`: speed-up of each fast path over its slow original."""
     mixers = table[table.group.str.startswith("mixer ") & (table["pass"] == "forward")
                    & (table.impl == "torch")]
     generate = table[table.group.str.startswith("generate") & (table.impl == "cached")]
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__,
-            "chunk_vs_naive_forward": dict(zip(mixers.case, mixers.speedup.round(3))),
-            "cached_vs_uncached_generate": dict(zip(generate.case, generate.speedup.round(3)))}
+    summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__,
+               "chunk_vs_naive_forward": dict(zip(mixers.case, mixers.speedup.round(3))),
+               "cached_vs_uncached_generate": dict(zip(generate.case, generate.speedup.round(3)))}
+    if "record" in table:
+        # fla's time over ours, per recorded GPU case: above 1, ours is faster
+        ours = table[table.record.notna() & (table.impl == "triton") & table.x_fla.notna()]
+        summary["recorded_fla_over_triton"] = {f"{g} {c}": round(x, 3) for g, c, x
+                                               in zip(ours.group, ours.case, ours.x_fla)}
+    return summary
 
 
 def benchmark_stage(params_path: str | Path = "params.yaml",
                     metrics_path: str | Path = "reports/metrics/benchmark.json",
-                    plots_path: str | Path = "reports/plots/benchmark.csv") -> pd.DataFrame:
-    """Run every benchmark of the `benchmark` section; write the headline metrics and all rows."""
+                    plots_path: str | Path = "reports/plots/benchmark.csv",
+                    records_dir: str | Path = "reports/bench") -> pd.DataFrame:
+    """Run every benchmark of the `benchmark` section, add the GPU records of `records_dir`;
+    write the headline metrics and all rows."""
     cfg = load_section(BenchmarkConfig, "benchmark", params_path)
     model_cfg = from_mapping(ModelConfig, read_params(params_path).get("model"), "model")
     model_cfg = dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or cfg.vocab_size)
     device = _device(cfg.device)
     rows = (_mixer_rows(model_cfg, cfg.mixers, device) + _generate_rows(model_cfg, cfg.generate, device)
-            + _kernel_rows(cfg.kernels, device))
+            + _kernel_rows(cfg.kernels, device) + recorded_rows(records_dir))
     table = pd.DataFrame(rows)
     front = ["group", "case", "impl", "ms", "speedup"]
     table = table[front + [c for c in table.columns if c not in front]]
