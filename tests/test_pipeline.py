@@ -47,7 +47,9 @@ def workbook(tmp_path_factory):
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     for name in files:
-        if (ROOT / name).is_file() and not name.startswith(("reports/", "data/")):
+        # outputs stay behind; the GPU kernel records under reports/bench are inputs of benchmark
+        outputs = name.startswith(("reports/", "data/")) and not name.startswith("reports/bench/")
+        if (ROOT / name).is_file() and not outputs:
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, clone / name)
     params = _merge(yaml.safe_load((clone / "params.yaml").read_text()), TINY)

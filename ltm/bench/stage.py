@@ -82,8 +82,10 @@ def recorded_rows(folder: str | Path) -> list[dict]:
             device, measured = record["device"], record["rows"]
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}: not a kernel benchmark record ({err})") from None
+        # the commit is part of the group: a record of older kernels must not pass for today's
+        at = f" at {record['commit']}" if record.get("commit") else ""
         for row in measured:
-            rows.append(dict(row, group=f"{row['op']} {row['pass']} on {device} (recorded)",
+            rows.append(dict(row, group=f"{row['op']} {row['pass']} on {device}{at} (recorded)",
                              case=f"{row['B']},{row['T']},{row['H']},{row['D']}",
                              record=path.name, commit=record.get("commit")))
     return rows

@@ -17,7 +17,7 @@ def test_recorded_rows_carry_device_case_and_source(tmp_path):
     (tmp_path / "kernels-some.json").write_text(json.dumps(RECORD))
     rows = recorded_rows(tmp_path)
     assert [r["impl"] for r in rows] == ["triton", "fla"]
-    assert rows[0]["group"] == "delta_rule fwd+bwd on Some GPU (recorded)"
+    assert rows[0]["group"] == "delta_rule fwd+bwd on Some GPU at abc1234 (recorded)"
     assert rows[0]["case"] == "2,63,3,32" and rows[0]["record"] == "kernels-some.json"
     assert rows[0]["commit"] == "abc1234"
 
@@ -37,4 +37,4 @@ def test_summary_gives_fla_over_ours_per_recorded_case(tmp_path):
     table = pd.DataFrame(recorded_rows(tmp_path))
     table["speedup"] = float("nan")
     summary = summarise(table, torch.device("cpu"))
-    assert summary["recorded_fla_over_triton"] == {"delta_rule fwd+bwd on Some GPU (recorded) 2,63,3,32": 1.25}
+    assert summary["recorded_fla_over_triton"] == {"delta_rule fwd+bwd on Some GPU at abc1234 (recorded) 2,63,3,32": 1.25}
