@@ -100,3 +100,17 @@ def test_bad_inputs_raise_one_line_errors():
         chunk_delta_rule(q, q, torch.zeros(1, 4, 2, 256, device=DEVICE), beta)
     with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
         chunk_delta_rule(q, q, q, beta, initial_state=torch.zeros(1, 2, 32, 16, device=DEVICE))
+
+
+def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
+    # the launcher's switch back to the slower inverse, kept so its cost can be re-measured
+    from ltm.kernels import delta_rule as module
+    monkeypatch.setattr(module, "INVERSE_BY_SQUARING", False)
+    seed = fresh_seed()
+    xs = make_inputs(1, 2 * CHUNK + 3, 2, 32, 32, "strong", True, torch.float32, seed)
+    (o, ht), (o_ref, ht_ref), ref = run_both(xs)
+    assert rel_err(o, o_ref) <= 1e-4 and rel_err(ht, ht_ref) <= 1e-4, f"seed={seed}"
+    (o.sum() + ht.sum()).backward()
+    (o_ref.sum() + ht_ref.sum()).backward()
+    for name, x, x_ref in zip(("q", "k", "v", "beta", "g", "h0"), xs, ref):
+        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
