@@ -62,7 +62,7 @@ def dot_precision(dtype: torch.dtype, head_dim: int) -> str:
 def intermediate_dtype(precision: str) -> torch.dtype:
     """dtype of the saved intermediates that the kernels only feed to `dot` (W, U, D, the chunk
     states, L^-1): bfloat16 where `dot` rounds its operands to it anyway, else float32."""
-    return torch.bfloat16 if precision.startswith("bf16") else torch.float32
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 @triton.jit

@@ -506,7 +506,10 @@ def chunk_delta_rule(
         initial_state: [B, H, K, V] (any float dtype, used in float32) or None for zeros.
     Returns:
         o: [B, T, H, V] in the dtype of v; the final state [B, H, K, V] in float32 when
-        `output_final_state`, else None. States are kept in float32 throughout.
+        `output_final_state`, else None. The running state is float32; bfloat16 inputs with
+        K >= 64 are multiplied in bfloat16 tiles with float32 sums, and the per-chunk states and
+        other intermediates saved for the output and the backward are then bfloat16
+        (`ltm.kernels.common.dot_precision` gives the measured errors).
     """
     if q.dim() != 4:
         raise ValueError(f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
