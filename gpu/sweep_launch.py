@@ -40,8 +40,9 @@ def rwkv7_rows():
 
 
 def delta_rule_rows():
-    # (value block, warps, stages): today's choices for K=128 and K=64 first, then neighbours
-    choices = [(32, 8, 1), (32, 8, 2), (64, 8, 1), (16, 8, 1), (16, 8, 2), (32, 4, 1), (32, 4, 2)]
+    # (value block, warps, stages): today's choices for K=128 and K=64 first, then neighbours;
+    # no 16-wide blocks: they crash with an illegal memory access on Hopper, which ends the process
+    choices = [(32, 8, 1), (32, 8, 2), (64, 8, 1), (64, 8, 2), (32, 4, 1), (32, 4, 2)]
     for shape, (value_block, warps, stages) in itertools.product(SHAPES, choices):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 import yaml
+
+from ltm.notebook import run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +78,24 @@ def test_every_stage_ran_and_wrote_its_outputs(workbook):
     assert (clone / "reports/plots/train_loss.csv").read_text().startswith("step,split,loss")
     page = (clone / "reports/report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3
+
+
+def test_stage_notebooks_show_their_figures(workbook):
+    clone, _ = workbook
+    for stage in ("train", "ablate", "benchmark", "report"):
+        cells = nbformat.read(clone / "reports" / "notebooks" / f"{stage}.ipynb", as_version=4).cells
+        outputs = [out for cell in cells for out in cell.get("outputs", [])]
+        assert any("image/png" in out.get("data", {}) for out in outputs), stage
+
+
+def test_a_stage_notebook_runs_from_the_notebooks_folder_as_in_jupyterlab(workbook, tmp_path):
+    # JupyterLab starts the kernel where the notebook lies; the page goes to tmp_path so that
+    # DVC's outputs stay as the pipeline left them
+    clone, _ = workbook
+    page = tmp_path / "report.html"
+    run_notebook(clone / "notebooks" / "report.py", tmp_path / "report.ipynb", {"output": str(page)},
+                 cwd=clone / "notebooks", log_output=False)
+    assert page.read_text().count("data:image/png;base64,") >= 3
 
 
 def test_second_repro_does_nothing(workbook):
