@@ -98,7 +98,12 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 continue
         raise ParamsError(f"{where}: expected {_describe(tp)}, got {value!r}")
     if origin is Literal:
-        if value in typing.get_args(tp) and type(value) in {type(a) for a in typing.get_args(tp)}:
+        choices = typing.get_args(tp)
+        # YAML 1.1 reads a bare off / on (as `dvc exp run -S train.opt.amp=off` writes it) as a
+        # boolean: where "off" or "on" is a choice, that is what was meant
+        if isinstance(value, bool) and ("on" if value else "off") in choices:
+            return "on" if value else "off"
+        if value in choices and type(value) in {type(a) for a in choices}:
             return value
         raise ParamsError(f"{where}: expected {_describe(tp)}, got {value!r}")
     if origin in (list, tuple):

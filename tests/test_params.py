@@ -43,6 +43,8 @@ def test_valid_mapping_converts_and_nests():
     ({"steps": True}, "train.steps: expected int, got True"),
     ({"batch_size": "big"}, "train.batch_size: expected int or 'auto', got 'big'"),
     ({"opt": {"amp": "bf17"}}, "train.opt.amp: expected 'off' or 'bf16' or 'fp16', got 'bf17'"),
+    # YAML's `on` is a boolean too, but "on" is no choice of amp
+    ({"opt": {"amp": True}}, "train.opt.amp: expected 'off' or 'bf16' or 'fp16', got True"),
     ({"opt": {"wrokers": 2}}, "train.opt.wrokers: unknown parameter (did you mean 'workers'?)"),
     ({"switches": "a"}, "train.switches: expected a list, got 'a'"),
     ({"steps": 0}, "train.steps: must be > 0, got 0"),
@@ -53,6 +55,13 @@ def test_bad_values_fail_with_one_line(mapping, message):
         from_mapping(Outer, mapping, "train")
     assert str(err.value) == message
     assert "\n" not in str(err.value)
+
+
+def test_a_bare_yaml_off_means_the_choice_off(tmp_path):
+    # `dvc exp run -S train.opt.amp=off` writes `amp: off`, which YAML 1.1 reads as False
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  opt:\n    amp: off\n")
+    assert load_section(Outer, "train", path).opt.amp == "off"
 
 
 def test_load_section_reports_missing_file_section_and_bad_yaml(tmp_path):
