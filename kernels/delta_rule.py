@@ -26,7 +26,7 @@ from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_d
 # steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
 CHUNK = 64
 # Invert L's 16 x 16 diagonal blocks by repeated squaring (tensor cores) rather than forward
-# substitution (15 dependent row updates); the launch-option sweep compares the two.
+# substitution (15 dependent row updates); gpu/delta_rule_variants.py times the two.
 INVERSE_BY_SQUARING = True
 
 
@@ -91,7 +91,8 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
     a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
     a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
-    # the off-diagonal blocks of L^-1 in tf32 even for bfloat16 inputs: their error compounds
+    # L^-1 is built in INV_PRECISION (tf32, or tf32x3 on the float32-level path) also when the
+    # tiles are bf16: only its products with K and V below take PRECISION
     x10 = -dot(x11, dot(a10, x00, INV_PRECISION), INV_PRECISION)
     x21 = -dot(x22, dot(a21, x11, INV_PRECISION), INV_PRECISION)
     x32 = -dot(x33, dot(a32, x22, INV_PRECISION), INV_PRECISION)
