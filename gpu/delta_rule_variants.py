@@ -4,9 +4,10 @@ and registers / spills of every compiled kernel.
 
     python3 gpu/delta_rule_variants.py
 
-Variants: `dot_precision` "tf32" (float32 tiles, the default for half inputs) or "bf16" (tiles and
-saved intermediates rounded to bfloat16, as fla does), and L's 16 x 16 diagonal blocks inverted by
-forward substitution or by repeated squaring (`INVERSE_BY_SQUARING`).
+Variants: `dot_precision` "tf32" (float32 tiles in one tf32 product, the default for half inputs
+before commit 20a1a07) or "bf16" (tiles and saved intermediates rounded to bfloat16, as fla does,
+today's default for bfloat16 heads >= 64), and L's 16 x 16 diagonal blocks inverted by forward
+substitution or by repeated squaring (`INVERSE_BY_SQUARING`).
 """
 import itertools
 import sys

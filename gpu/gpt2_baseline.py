@@ -85,7 +85,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     tokens_per_s = tokens * (args.steps - args.warmup) / (time.perf_counter() - start)
-    flops_per_token = 6 * n_params + 12 * len(model.blocks) * 768 * args.seq_len
+    flops_per_token = 6 * n_params + 12 * len(model.blocks) * model.tok.embedding_dim * args.seq_len
     print(json.dumps({"run": "gpt2-baseline", "batch_size": args.batch, "seq_len": args.seq_len,
                       "compile": args.compile, "params": n_params, "tokens_per_s": round(tokens_per_s),
                       "mfu": round(tokens_per_s * flops_per_token / PEAK_FLOPS, 4),

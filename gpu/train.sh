@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
 # deltanet at T=1024, 2048 and 8192 beside a nanoGPT-class GPT-2 baseline (gpu/gpt2_baseline.py),
-# attention with compile off and with the chunked loss, rwkv7, and deltanet's loss curves with the triton vs the torch kernel on the token cache (if there).
+# attention with compile off and with the chunked loss, rwkv7, and deltanet's loss curves with the
+# triton vs the torch kernel on the token cache (if there).
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
