@@ -1,6 +1,6 @@
 """Where the time of one training step of the GPU profile goes, per mixer (eager, bf16 autocast).
 
-    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B]
+    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile]
 
 For each mixer: the wall time of a step (forward, backward, fused AdamW) and the GPU kernels that
 take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
@@ -32,8 +32,10 @@ def step(model, opt, idx) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def profile_mixer(mixer: str, batch: int, seq_len: int) -> None:
+def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
     model, opt = build(mixer)
+    if compiled:
+        model = torch.compile(model)
     idx = torch.randint(0, model.cfg.vocab_size, (batch, seq_len), device="cuda")
     for _ in range(3):
         step(model, opt, idx)
@@ -51,9 +53,9 @@ def profile_mixer(mixer: str, batch: int, seq_len: int) -> None:
             if e.device_time_total > 0 and e.device_type.name == "CUDA"]
     rows.sort(reverse=True)
     gpu = sum(r[0] for r in rows) / 1000
-    print(f"-- {mixer} B{batch} T{seq_len}: {wall * 1000:.1f} ms per step, "
+    print(f"-- {mixer}{' compiled' if compiled else ''} B{batch} T{seq_len}: {wall * 1000:.1f} ms per step, "
           f"{gpu:.1f} ms of GPU kernels, {batch * seq_len / wall:,.0f} tokens/s")
-    for us, calls, key in rows[:18]:
+    for us, calls, key in rows[:30]:
         print(f"   {us / 1000:8.3f} ms  x{calls:<4d} {key[:100]}")
     del model, opt
     torch.cuda.empty_cache()
@@ -64,9 +66,10 @@ def main() -> None:
     parser.add_argument("mixers", nargs="*", default=["attention", "deltanet", "rwkv7"])
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--compile", action="store_true", help="profile the torch.compile'd model")
     args = parser.parse_args()
     for mixer in args.mixers:
-        profile_mixer(mixer, args.batch, args.seq_len)
+        profile_mixer(mixer, args.batch, args.seq_len, args.compile)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Forward+backward time of our Triton ops under other launch choices (value block, warps,
 pipeline stages), to pick the launchers' defaults from measurements.
 
-    python3 gpu/sweep_launch.py [rwkv7] [delta_rule]
+    python3 gpu/sweep_launch.py [rwkv7] [delta_rule] [sequential]
 
-Each row replaces the op module's `_value_block` / `_launch_options` for the duration of one
-measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
+Each row replaces the op module's `_value_block` / `_launch_options` (`sequential`: only the
+delta rule's `_sequential_launch_options`, the two kernels that walk the chunks in order) for the
+duration of one measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
 """
 import itertools
 import sys
@@ -59,11 +60,30 @@ def delta_rule_rows():
             yield "gated_delta_rule", shape, f"BV={value_block} warps={warps} stages={stages}", ms
 
 
+def sequential_rows():
+    shapes = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (8, 2048, 12, 64)]
+    for shape, (warps, stages) in itertools.product(shapes, [(8, 1), (8, 2), (8, 3), (4, 2), (4, 3)]):
+        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
+        def fn(x):
+            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+        options = {"num_warps": warps, "num_stages": stages}
+        with mock.patch.object(delta_rule_module, "_sequential_launch_options", lambda K: options):
+            try:
+                fwd = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100)
+                ms = fwd_bwd_ms(fn, x)
+            except Exception as err:
+                print(f"sequential {shape} warps={warps} stages={stages}: "
+                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
+                continue
+            yield "sequential", shape, f"warps={warps} stages={stages} fwd={fwd:.3f}", ms
+
+
 def main() -> None:
     ops = sys.argv[1:] or ["rwkv7", "delta_rule"]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     for op in ops:
-        rows = rwkv7_rows() if op == "rwkv7" else delta_rule_rows()
+        rows = {"rwkv7": rwkv7_rows, "delta_rule": delta_rule_rows,
+                "sequential": sequential_rows}[op]()
         for name, shape, choice, ms in rows:
             print(f"{name:17} {','.join(map(str, shape)):15} {choice:28} {ms:8.3f} ms", flush=True)
 

@@ -412,6 +412,12 @@ def _launch_options(K: int) -> dict:
     return {"num_warps": 8, "num_stages": 1 if K > 64 else 2}
 
 
+def _sequential_launch_options(K: int) -> dict:
+    # the kernels that walk the chunks one after another carry only the (BK, BV) state from one
+    # chunk to the next, so the next chunk's tiles can be loaded while the current one is used
+    return _launch_options(K)
+
+
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -435,7 +441,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, precision, **_launch_options(K))
+        initial_state is not None, output_final_state, precision, **_sequential_launch_options(K))
     _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     return o, ht, (w, u, d, gcum, linv, h)
@@ -456,7 +462,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
         q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK, BV, precision, **_launch_options(K))
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK, BV,
-        dht is not None, dh0 is not None, precision, **_launch_options(K))
+        dht is not None, dh0 is not None, precision, **_sequential_launch_options(K))
     dq, dk = nan_buffer(q.shape, q.dtype, dev), nan_buffer(k.shape, k.dtype, dev)
     dv = nan_buffer(v.shape, v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
