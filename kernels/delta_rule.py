@@ -421,7 +421,10 @@ def _sequential_launch_options(K: int) -> dict:
 
 
 def _bwd_chunk_launch_options(K: int) -> dict:
-    return _launch_options(K)
+    # two pipeline stages fit with bfloat16 tiles also at K = 128: 2.19 against 2.29 ms fwd+bwd at
+    # 8,2048,8,128 (H100, gpu/sweep_launch.py bwd_chunk); 16 warps were slower (3.5 ms) and
+    # crashed at K = 64 with an illegal memory access, like the 16-wide value blocks
+    return {"num_warps": 8, "num_stages": 2}
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):

@@ -344,10 +344,16 @@ class DeltaNet(nn.Module):
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
         qkv, conv_state = self.qkv(x), None
-        if self.conv is not None:
-            qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
-        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        if self.conv is not None and state is None and self.kernel == "triton":
+            from ltm.kernels.short_conv import short_conv_silu_norm
+            # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
+            qkv = short_conv_silu_norm(qkv, self.conv.weight[:, 0].t(), 2 * C, D)
+            q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+        else:
+            if self.conv is not None:
+                qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
+            q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         # (B, T, n_states)
         beta = torch.sigmoid(self.beta_proj(x))
         g = -self.A_log.exp() * F.softplus(self.decay_proj(x) + self.dt_bias)

@@ -199,3 +199,24 @@ def test_missing_fla_is_one_clear_line():
     with pytest.raises(ValueError, match=r"^kernel: 'fla' needs flash-linear-attention") as info:
         check_kernel("fla")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "deltanet-hier"])
+def test_triton_deltanet_layer_matches_the_torch_layer(name):
+    """kernel triton fuses the convolution, SiLU and q, k norms (kernels/short_conv.py) and runs
+    the Triton delta rule: same layer output and parameter gradients as kernel torch, float32."""
+    seed = new_seed()
+    mixer = build(LINEAR_MIXERS[name], 2, 16, kernel="torch").float()
+    x = torch.randn(1, 21, 32)
+    results = {}
+    for kernel in ("torch", "triton"):
+        mixer.kernel = kernel
+        mixer.zero_grad()
+        xk = x.clone().requires_grad_()
+        y, _ = mixer(xk)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results[kernel] = (y.detach(), {"x": xk.grad, **{n: p.grad.clone() for n, p in mixer.named_parameters()}})
+    (y_t, g_t), (y_k, g_k) = results["torch"], results["triton"]
+    assert rel_err(y_k, y_t) < 1e-4, f"output, seed={seed}"
+    for key in g_t:
+        assert rel_err(g_k[key], g_t[key]) < 1e-4, f"grad of {key}, seed={seed}"
