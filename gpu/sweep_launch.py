@@ -81,7 +81,8 @@ def sequential_rows():
 
 def bwd_chunk_rows():
     shapes = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
-    for shape, (warps, stages) in itertools.product(shapes, [(8, 1), (16, 1), (4, 1), (8, 2), (16, 2)]):
+    # no 16 warps: they crashed at K = 64 with an illegal memory access, which ends the process
+    for shape, (warps, stages) in itertools.product(shapes, [(8, 2), (8, 3), (4, 1), (4, 2), (4, 3)]):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
             return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
