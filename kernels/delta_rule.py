@@ -412,6 +412,10 @@ def _launch_options(K: int) -> dict:
     return {"num_warps": 8, "num_stages": 1 if K > 64 else 2}
 
 
+def _prep_launch_options(K: int) -> dict:
+    return _launch_options(K)
+
+
 def _sequential_launch_options(K: int) -> dict:
     # the kernels that walk the chunks one after another carry only the (BK, BV) state from one
     # chunk to the next, so the next chunk's tiles can be loaded while the current one is used:
@@ -442,7 +446,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
     _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
                                   precision, inverse_precision, INVERSE_BY_SQUARING,
-                                  **_launch_options(K))
+                                  **_prep_launch_options(K))
     BV = _value_block(K, V)
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     d = nan_buffer((B, T, H, V), mid, dev)

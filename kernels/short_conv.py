@@ -8,7 +8,8 @@ Unfused, these are a padded copy, W shifted multiply-adds, the activation and a 
 each a pass over the (B, T, 3C) activations and again in the backward; on an H100 they took 12
 of the 65 ms of a compiled DeltaNet training step (gpu/profile_train.py deltanet --compile).
 Here each program owns BT tokens of one head's channels and reads its inputs once per pass. The
-backward recomputes p and u rather than saving them. Tested against `ltm.mixers.ShortConv`
+backward recomputes p and u rather than saving them, then writes the gradient of p once and
+reads it back shifted for the input's gradient. Tested against `ltm.mixers.ShortConv`
 followed by `F.normalize`.
 """
 from __future__ import annotations
@@ -76,30 +77,43 @@ def _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, norm, W: tl.constexpr, EPS: 
 
 
 @triton.jit
-def _bwd_kernel(x, w, dy, dx, dw_part, T, C, NORM_C, W: tl.constexpr, EPS: tl.constexpr,
-                BT: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
-    # dx[s] = sum_j w[j] dp[s + W - 1 - j]: the gradient of p is needed up to W - 1 tokens past
-    # this program's rows, and is recomputed here for each shift rather than stored
+def _dpre_kernel(x, w, dy, dp, T, C, NORM_C, W: tl.constexpr, EPS: tl.constexpr,
+                 BT: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = i_t * BT + tl.arange(0, BT)
     cols = i_c * D + tl.arange(0, BD)
     in_head = tl.arange(0, BD) < D
-    norm = i_c * D < NORM_C
+    g = _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, i_c * D < NORM_C, W, EPS, BT, BD)
     m = (rows < T)[:, None] & in_head[None, :]
+    tl.store(dp + (i_b * T + rows)[:, None] * C + cols[None, :], g, mask=m)
+
+
+@triton.jit
+def _bwd_kernel(x, w, dp, dx, dw_part, T, C, W: tl.constexpr, BT: tl.constexpr,
+                BD: tl.constexpr, D: tl.constexpr):
+    # dx[s] = sum_j w[j] dp[s + W - 1 - j]: reads dp up to W - 1 tokens past this program's rows,
+    # which is why dp is a pass of its own (recomputing it per shift took 5x longer on an H100)
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = i_t * BT + tl.arange(0, BT)
+    cols = i_c * D + tl.arange(0, BD)
+    in_head = tl.arange(0, BD) < D
     b_dx = tl.zeros([BT, BD], dtype=tl.float32)
     for j in tl.static_range(W):
-        dp = _dpre(x, w, dy, i_b, rows + (W - 1 - j), cols, in_head, T, C, norm, W, EPS, BT, BD)
+        src = rows + (W - 1 - j)
+        ms = (src < T)[:, None] & in_head[None, :]
+        dp_j = tl.load(dp + (i_b * T + src)[:, None] * C + cols[None, :], mask=ms, other=0.)
         wj = tl.load(w + j * C + cols, mask=in_head, other=0.).to(tl.float32)
-        b_dx += dp * wj[None, :]
+        b_dx += dp_j * wj[None, :]
+    m = (rows < T)[:, None] & in_head[None, :]
     tl.store(dx + (i_b * T + rows)[:, None] * C + cols[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
     # dw[j] = sum_t x[t - W + 1 + j] dp[t], this program's share
-    dp = _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, norm, W, EPS, BT, BD)
+    g = tl.load(dp + (i_b * T + rows)[:, None] * C + cols[None, :], mask=m, other=0.)
     part = dw_part + ((i_b * tl.num_programs(0) + i_t) * W) * C + cols
     for j in tl.static_range(W):
         src = rows - (W - 1) + j
         ms = ((src >= 0) & (src < T))[:, None] & in_head[None, :]
         xj = tl.load(x + (i_b * T + src)[:, None] * C + cols[None, :], mask=ms, other=0.)
-        tl.store(part + j * C, tl.sum(xj.to(tl.float32) * dp, axis=0), mask=in_head)
+        tl.store(part + j * C, tl.sum(xj.to(tl.float32) * g, axis=0), mask=in_head)
 
 
 def _grid(B: int, T: int, C: int, head_dim: int) -> tuple[int, int, int]:
@@ -125,10 +139,14 @@ class ShortConvFunction(torch.autograd.Function):
         B, T, C = x.shape
         W = weight.shape[0]
         grid = _grid(B, T, C, ctx.head_dim)
+        BD = block_size(ctx.head_dim)
+        # float32: the gradient of the pre-activation is summed again below, W times
+        dp = nan_buffer((B, T, C), torch.float32, x.device)
+        _dpre_kernel[grid](x, weight, dy.contiguous(), dp, T, C, ctx.norm_channels, W, ctx.eps,
+                           TOKENS, BD, ctx.head_dim)
         dx = nan_buffer((B, T, C), x.dtype, x.device)
         dw_part = nan_buffer((B * grid[0], W, C), torch.float32, x.device)
-        _bwd_kernel[grid](x, weight, dy.contiguous(), dx, dw_part, T, C, ctx.norm_channels, W,
-                          ctx.eps, TOKENS, block_size(ctx.head_dim), ctx.head_dim)
+        _bwd_kernel[grid](x, weight, dp, dx, dw_part, T, C, W, TOKENS, BD, ctx.head_dim)
         return dx, dw_part.sum(0).to(weight.dtype), None, None, None
 
 
