@@ -1,11 +1,12 @@
 """Forward+backward time of our Triton ops under other launch choices (value block, warps,
 pipeline stages), to pick the launchers' defaults from measurements.
 
-    python3 gpu/sweep_launch.py [rwkv7] [delta_rule] [sequential] [bwd_chunk] [prep]
+    python3 gpu/sweep_launch.py [rwkv7] [delta_rule] [sequential] [bwd_chunk] [prep] [output] [bwd_local]
 
 Each row replaces the op module's `_value_block` / `_launch_options` (`sequential`: only the
 delta rule's `_sequential_launch_options`, the two kernels that walk the chunks in order; `bwd_chunk`: only
-`_bwd_chunk_launch_options`; `prep`: only `_prep_launch_options`, forward time) for the
+`_bwd_chunk_launch_options`; `prep`, `output`, `bwd_local`: only
+that kernel's launch options) for the
 duration of one measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
 """
 import itertools
@@ -97,21 +98,26 @@ def bwd_chunk_rows():
             yield "bwd_chunk", shape, f"warps={warps} stages={stages}", ms
 
 
-def prep_rows():
+def per_kernel_rows(option_function: str, backward: bool):
+    """Warps and stages of one kernel (`option_function` names its launch-options function)."""
     shapes = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
     for shape, (warps, stages) in itertools.product(shapes, [(8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2)]):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
             return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
         options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, "_prep_launch_options", lambda K: options):
+        with mock.patch.object(delta_rule_module, option_function, lambda K: options):
             try:
-                fwd = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100)
+                if backward:
+                    ms = fwd_bwd_ms(fn, x)
+                else:
+                    ms = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100)
             except Exception as err:
-                print(f"prep {shape} warps={warps} stages={stages}: "
+                print(f"{option_function} {shape} warps={warps} stages={stages}: "
                       f"{type(err).__name__}: {str(err)[:100]}", flush=True)
                 continue
-            yield "prep (fwd only)", shape, f"warps={warps} stages={stages}", fwd
+            what = "fwd+bwd" if backward else "fwd"
+            yield f"{option_function[1:-15]} ({what})", shape, f"warps={warps} stages={stages}", ms
 
 
 def main() -> None:
@@ -120,7 +126,9 @@ def main() -> None:
     for op in ops:
         rows = {"rwkv7": rwkv7_rows, "delta_rule": delta_rule_rows,
                 "sequential": sequential_rows, "bwd_chunk": bwd_chunk_rows,
-                "prep": prep_rows}[op]()
+                "prep": lambda: per_kernel_rows("_prep_launch_options", False),
+                "output": lambda: per_kernel_rows("_output_launch_options", False),
+                "bwd_local": lambda: per_kernel_rows("_bwd_local_launch_options", True)}[op]()
         for name, shape, choice, ms in rows:
             print(f"{name:17} {','.join(map(str, shape)):15} {choice:28} {ms:8.3f} ms", flush=True)
 
