@@ -1,8 +1,12 @@
-"""DeltaNet's input path fused in Triton: causal depthwise convolution, SiLU, and L2 normalisation
-per head of the leading (query and key) channels; forward and backward.
+"""DeltaNet's input path fused in Triton: causal depthwise convolution of the packed q, k, v
+projection, SiLU, and L2 normalisation per head of q and k; forward and backward.
 
     p[b, t, c] = sum_j w[j, c] x[b, t - W + 1 + j, c]     (x is zero before t = 0)
-    u = silu(p);   y = u / max(||u_head||, eps) for the first `norm_channels` channels, else u
+    u = silu(p);   q, k, v = the three thirds of u's channels, q and k divided per head by
+    max(||u_head||, eps)
+
+q, k and v come out as three contiguous tensors, so the delta rule reads them without a copy and
+their gradients come back without being stacked into one.
 
 Unfused, these are a padded copy, W shifted multiply-adds, the activation and a normalisation,
 each a pass over the (B, T, 3C) activations and again in the backward; on an H100 they took 12
@@ -25,7 +29,7 @@ TOKENS = 64
 
 
 @triton.jit
-def _preactivation(x, w_ptr, i_b, rows, cols, in_head, T, C, W: tl.constexpr, BT: tl.constexpr,
+def _preactivation(x, w_ptr, i_b, rows, cols, in_head, T, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                    BD: tl.constexpr):
     """(BT, BD) float32 p for the given rows (tokens) and columns (channels); 0 outside T."""
     mask_c = in_head & (cols < C)
@@ -40,7 +44,15 @@ def _preactivation(x, w_ptr, i_b, rows, cols, in_head, T, C, W: tl.constexpr, BT
 
 
 @triton.jit
-def _fwd_kernel(x, w, y, T, C, NORM_C, W: tl.constexpr, EPS: tl.constexpr,
+def _part_offsets(i_b, i_c, rows, T, C: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """Which third (0 q, 1 k, 2 v) head i_c is in, and the offsets of its (BT, BD) tile there."""
+    part = (i_c * D) // (C // 3)
+    cols = i_c * D - part * (C // 3) + tl.arange(0, BD)
+    return part, (i_b * T + rows)[:, None] * (C // 3) + cols[None, :]
+
+
+@triton.jit
+def _fwd_kernel(x, w, q, k, v, T, C: tl.constexpr, W: tl.constexpr, EPS: tl.constexpr,
                 BT: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = i_t * BT + tl.arange(0, BT)
@@ -49,21 +61,25 @@ def _fwd_kernel(x, w, y, T, C, NORM_C, W: tl.constexpr, EPS: tl.constexpr,
     in_head = tl.arange(0, BD) < D
     p = _preactivation(x, w, i_b, rows, cols, in_head, T, C, W, BT, BD)
     u = p * tl.sigmoid(p)
-    if i_c * D < NORM_C:
+    part, offsets = _part_offsets(i_b, i_c, rows, T, C, BD, D)
+    m = (rows < T)[:, None] & in_head[None, :]
+    if part < 2:
         norm = tl.sqrt(tl.sum(tl.where(in_head[None, :], u * u, 0.), axis=1))
         u = u / tl.maximum(norm, EPS)[:, None]
-    m = (rows < T)[:, None] & in_head[None, :]
-    tl.store(y + (i_b * T + rows)[:, None] * C + cols[None, :], u.to(y.dtype.element_ty), mask=m)
+    if part == 0:
+        tl.store(q + offsets, u.to(q.dtype.element_ty), mask=m)
+    elif part == 1:
+        tl.store(k + offsets, u.to(k.dtype.element_ty), mask=m)
+    else:
+        tl.store(v + offsets, u.to(v.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, norm, W: tl.constexpr, EPS: tl.constexpr,
+def _dpre(x, w, g, i_b, rows, cols, in_head, T, C: tl.constexpr, norm, W: tl.constexpr, EPS: tl.constexpr,
           BT: tl.constexpr, BD: tl.constexpr):
-    """(BT, BD) float32 gradient of p at the given rows, from dy (0 outside T); `norm`: whether
-    these channels are L2-normalised."""
+    """(BT, BD) float32 gradient of p at the given rows from g, the gradient of the output there;
+    `norm`: whether these channels are L2-normalised."""
     p = _preactivation(x, w, i_b, rows, cols, in_head, T, C, W, BT, BD)
-    m = ((rows >= 0) & (rows < T))[:, None] & in_head[None, :]
-    g = tl.load(dy + (i_b * T + rows)[:, None] * C + cols[None, :], mask=m, other=0.).to(tl.float32)
     sig = tl.sigmoid(p)
     u = p * sig
     if norm:
@@ -77,19 +93,26 @@ def _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, norm, W: tl.constexpr, EPS: 
 
 
 @triton.jit
-def _dpre_kernel(x, w, dy, dp, T, C, NORM_C, W: tl.constexpr, EPS: tl.constexpr,
+def _dpre_kernel(x, w, dq, dk, dv, dp, T, C: tl.constexpr, W: tl.constexpr, EPS: tl.constexpr,
                  BT: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = i_t * BT + tl.arange(0, BT)
     cols = i_c * D + tl.arange(0, BD)
     in_head = tl.arange(0, BD) < D
-    g = _dpre(x, w, dy, i_b, rows, cols, in_head, T, C, i_c * D < NORM_C, W, EPS, BT, BD)
     m = (rows < T)[:, None] & in_head[None, :]
+    part, offsets = _part_offsets(i_b, i_c, rows, T, C, BD, D)
+    if part == 0:
+        g = tl.load(dq + offsets, mask=m, other=0.).to(tl.float32)
+    elif part == 1:
+        g = tl.load(dk + offsets, mask=m, other=0.).to(tl.float32)
+    else:
+        g = tl.load(dv + offsets, mask=m, other=0.).to(tl.float32)
+    g = _dpre(x, w, g, i_b, rows, cols, in_head, T, C, part < 2, W, EPS, BT, BD)
     tl.store(dp + (i_b * T + rows)[:, None] * C + cols[None, :], g, mask=m)
 
 
 @triton.jit
-def _bwd_kernel(x, w, dp, dx, dw_part, T, C, W: tl.constexpr, BT: tl.constexpr,
+def _bwd_kernel(x, w, dp, dx, dw_part, T, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr):
     # dx[s] = sum_j w[j] dp[s + W - 1 - j]: reads dp up to W - 1 tokens past this program's rows,
     # which is why dp is a pass of its own (recomputing it per shift took 5x longer on an H100)
@@ -120,60 +143,60 @@ def _grid(B: int, T: int, C: int, head_dim: int) -> tuple[int, int, int]:
     return (triton.cdiv(T, TOKENS), C // head_dim, B)
 
 
-class ShortConvFunction(torch.autograd.Function):
+class ShortConvQKVFunction(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, norm_channels, head_dim, eps):
+    def forward(ctx, x, weight, head_dim, eps):
         B, T, C = x.shape
         W = weight.shape[0]
-        y = nan_buffer((B, T, C), x.dtype, x.device)
-        _fwd_kernel[_grid(B, T, C, head_dim)](x, weight, y, T, C, norm_channels, W, eps, TOKENS,
+        q, k, v = (nan_buffer((B, T, C // 3), x.dtype, x.device) for _ in range(3))
+        _fwd_kernel[_grid(B, T, C, head_dim)](x, weight, q, k, v, T, C, W, eps, TOKENS,
                                               block_size(head_dim), head_dim)
         ctx.save_for_backward(x, weight)
-        ctx.norm_channels, ctx.head_dim, ctx.eps = norm_channels, head_dim, eps
-        return y
+        ctx.head_dim, ctx.eps = head_dim, eps
+        return q, k, v
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dq, dk, dv):
         x, weight = ctx.saved_tensors
         B, T, C = x.shape
         W = weight.shape[0]
         grid = _grid(B, T, C, ctx.head_dim)
         BD = block_size(ctx.head_dim)
+        dq, dk, dv = (torch.zeros_like(x[..., :C // 3]) if g is None else g.contiguous()
+                      for g in (dq, dk, dv))
         # float32: the gradient of the pre-activation is summed again below, W times
         dp = nan_buffer((B, T, C), torch.float32, x.device)
-        _dpre_kernel[grid](x, weight, dy.contiguous(), dp, T, C, ctx.norm_channels, W, ctx.eps,
-                           TOKENS, BD, ctx.head_dim)
+        _dpre_kernel[grid](x, weight, dq, dk, dv, dp, T, C, W, ctx.eps, TOKENS, BD, ctx.head_dim)
         dx = nan_buffer((B, T, C), x.dtype, x.device)
         dw_part = nan_buffer((B * grid[0], W, C), torch.float32, x.device)
         _bwd_kernel[grid](x, weight, dp, dx, dw_part, T, C, W, TOKENS, BD, ctx.head_dim)
-        return dx, dw_part.sum(0).to(weight.dtype), None, None, None
+        return dx, dw_part.sum(0).to(weight.dtype), None, None
 
 
-def short_conv_silu_norm(
+def short_conv_qkv(
     x: torch.Tensor,
     weight: torch.Tensor,
-    norm_channels: int,
     head_dim: int,
     eps: float = 1e-12,
-) -> torch.Tensor:
-    """silu(causal depthwise conv of x), then each head of the first `norm_channels` channels
-    divided by its L2 norm (at least eps, as `F.normalize`); differentiable in x and weight.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v from the packed projection x: silu(causal depthwise conv of x) split in thirds, q
+    and k divided per head by their L2 norm (at least eps, as `F.normalize`); differentiable in x
+    and weight. Same result as `ltm.mixers.ShortConv` then `F.normalize` of q and k.
 
     Args:
-        x: [B, T, C], float32, bfloat16 or float16; C a multiple of head_dim.
+        x: [B, T, C] (q, k, v channels in that order), float32, bfloat16 or float16; C a multiple
+            of 3 * head_dim.
         weight: [W, C], tap j multiplying x[t - W + 1 + j]; cast to x's dtype.
-        norm_channels: a multiple of head_dim, 0 <= norm_channels <= C.
     Returns:
-        [B, T, C] in x's dtype (computed in float32).
+        q, k, v: each [B, T, C // 3], contiguous, in x's dtype (computed in float32).
     """
     if x.dim() != 3:
         raise ValueError(f"x must be [B, T, C], got shape {tuple(x.shape)}")
     B, T, C = x.shape
     if weight.dim() != 2 or weight.shape[1] != C:
         raise ValueError(f"weight must be [W, C] with C = {C}, got {tuple(weight.shape)}")
-    if head_dim < 1 or C % head_dim or norm_channels % head_dim or not 0 <= norm_channels <= C:
-        raise ValueError(f"C = {C} and norm_channels = {norm_channels} must be multiples of "
-                         f"head_dim = {head_dim}, norm_channels <= C")
-    return ShortConvFunction.apply(x.contiguous(), weight.to(x.dtype).contiguous(), norm_channels,
-                                   head_dim, float(eps))
+    if head_dim < 1 or C % (3 * head_dim):
+        raise ValueError(f"C = {C} must be a multiple of 3 * head_dim = {3 * head_dim}")
+    return ShortConvQKVFunction.apply(x.contiguous(), weight.to(x.dtype).contiguous(), head_dim,
+                                      float(eps))

@@ -345,10 +345,9 @@ class DeltaNet(nn.Module):
         H, D = self.n_heads, self.head_dim
         qkv, conv_state = self.qkv(x), None
         if self.conv is not None and state is None and self.kernel == "triton":
-            from ltm.kernels.short_conv import short_conv_silu_norm
+            from ltm.kernels.short_conv import short_conv_qkv
             # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
-            qkv = short_conv_silu_norm(qkv, self.conv.weight[:, 0].t(), 2 * C, D)
-            q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+            q, k, v = (t.view(B, T, H, D) for t in short_conv_qkv(qkv, self.conv.weight[:, 0].t(), D))
         else:
             if self.conv is not None:
                 qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
