@@ -26,6 +26,7 @@ import triton
 from ltm.params import check
 
 OPS = ("delta_rule", "rwkv7", "gated_delta_rule")
+IMPLS = ("naive", "torch_chunk", "triton", "fla", "sdpa")
 
 
 @dataclasses.dataclass
@@ -35,6 +36,8 @@ class KernelBenchConfig:
     # the token loop is slow: it runs at [B, naive_tokens, H, D] of the first shape only
     naive_tokens: int = 64
     ops: list[str] = dataclasses.field(default_factory=lambda: list(OPS))
+    # implementations to time, of naive, torch_chunk, triton, fla and sdpa; empty: all present
+    impls: list[str] = dataclasses.field(default_factory=list)
     # "float32", "bfloat16" or "float16"; fla and the Triton kernels are timed on the GPU only
     dtype: str = "float32"
     backward: bool = True
@@ -47,6 +50,7 @@ class KernelBenchConfig:
               "each shape must be four positive integers [B, T, H, D]")
         check(self.naive_tokens > 0, "naive_tokens", "must be positive")
         check(all(op in OPS for op in self.ops), "ops", f"each must be one of {OPS}")
+        check(all(name in IMPLS for name in self.impls), "impls", f"each must be one of {IMPLS}")
         check(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
               "must be float32, bfloat16 or float16")
         check(self.warmup_ms > 0 and self.rep_ms > 0, "rep_ms", "budgets must be positive")
@@ -241,10 +245,13 @@ def run(config: KernelBenchConfig | None = None, device: str | None = None,
         print(json.dumps(ceilings), flush=True)
     rows = []
     for op in cfg.ops:
-        impls = implementations(op, dev)
+        impls = {name: fn for name, fn in implementations(op, dev).items()
+                 if not cfg.impls or name in cfg.impls}
         naive = impls.pop("naive", None)
         for shape in cfg.shapes:
-            with_sdpa = dict(impls, sdpa=sdpa) if op == "delta_rule" else impls
+            with_sdpa = impls
+            if op == "delta_rule" and (not cfg.impls or "sdpa" in cfg.impls):
+                with_sdpa = dict(impls, sdpa=sdpa)
             new = _rows_for_shape(op, with_sdpa, shape, dtype, dev, cfg, ceilings)
             _add_fla_ratios(new)
             rows += new
@@ -253,7 +260,7 @@ def run(config: KernelBenchConfig | None = None, device: str | None = None,
         # the token loop, beside our kernel where it runs, at a short length
         B, _, H, D = cfg.shapes[0]
         short = {"naive": naive} if naive else {}
-        if "triton" in impls:
+        if short and "triton" in impls:
             short["triton"] = impls["triton"]
         if short:
             new = _rows_for_shape(op, short, [B, cfg.naive_tokens, H, D], dtype, dev, cfg, ceilings)
@@ -302,12 +309,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", type=str, default=None,
                         help="semicolon-separated B,T,H,D shapes (default: the GPU set, or a tiny CPU one)")
     parser.add_argument("--ops", type=str, default=",".join(OPS))
+    parser.add_argument("--impls", type=str, default="",
+                        help=f"comma-separated subset of {','.join(IMPLS)} (default: all present)")
     parser.add_argument("--naive-tokens", type=int, default=None)
     args = parser.parse_args(argv)
     on_gpu = torch.cuda.is_available()
     shapes = ([[int(n) for n in s.split(",")] for s in args.shapes.split(";")] if args.shapes
               else GPU_SHAPES if on_gpu else [[1, 128, 2, 32]])
     cfg = KernelBenchConfig(shapes=shapes, ops=args.ops.split(","),
+                            impls=[name for name in args.impls.split(",") if name],
                             naive_tokens=args.naive_tokens or (512 if on_gpu else 64),
                             dtype="bfloat16" if on_gpu else "float32")
     print(json.dumps(environment()), flush=True)
