@@ -5,7 +5,7 @@ pipeline stages), to pick the launchers' defaults from measurements.
 
 Each row replaces the op module's `_value_block` / `_launch_options` (`sequential`: only the
 delta rule's `_sequential_launch_options`, the two kernels that walk the chunks in order; `bwd_chunk`: only
-`_bwd_chunk_launch_options`; `prep`, `output`, `bwd_local`: only
+`_bwd_chunk_launch_options` and `_bwd_chunk_value_block`; `prep`, `output`, `bwd_local`: only
 that kernel's launch options) for the
 duration of one measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
 """
@@ -83,19 +83,23 @@ def sequential_rows():
 def bwd_chunk_rows():
     shapes = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
     # no 16 warps: they crashed at K = 64 with an illegal memory access, which ends the process
-    for shape, (warps, stages) in itertools.product(shapes, [(8, 2), (8, 3), (4, 1), (4, 2), (4, 3)]):
+    choices = [(32, 8, 2), (64, 8, 2), (64, 8, 1), (64, 4, 2), (128, 8, 1)]
+    for shape, (value_block, warps, stages) in itertools.product(shapes, choices):
+        if value_block > shape[3]:
+            continue
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
             return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
         options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, "_bwd_chunk_launch_options", lambda K: options):
+        with mock.patch.object(delta_rule_module, "_bwd_chunk_launch_options", lambda K: options), \
+                mock.patch.object(delta_rule_module, "_bwd_chunk_value_block", lambda K, V: value_block):
             try:
                 ms = fwd_bwd_ms(fn, x)
             except Exception as err:
-                print(f"bwd_chunk {shape} warps={warps} stages={stages}: "
+                print(f"bwd_chunk {shape} BV={value_block} warps={warps} stages={stages}: "
                       f"{type(err).__name__}: {str(err)[:100]}", flush=True)
                 continue
-            yield "bwd_chunk", shape, f"warps={warps} stages={stages}", ms
+            yield "bwd_chunk", shape, f"BV={value_block} warps={warps} stages={stages}", ms
 
 
 def per_kernel_rows(option_function: str, backward: bool):
