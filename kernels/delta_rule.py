@@ -431,8 +431,9 @@ def _bwd_local_launch_options(K: int) -> dict:
 
 
 def _bwd_chunk_value_block(K: int, V: int) -> int:
-    # the value columns `_bwd_chunk_kernel` takes per step of its loop over V
-    return _value_block(K, V)
+    # the value columns `_bwd_chunk_kernel` takes per step of its loop over V: all 64 of a
+    # 64-wide head at once (same sweep); at K = 128, 64 was slower than 32 (2.10-2.39 against 1.89)
+    return 64 if K <= 64 and V >= 64 else _value_block(K, V)
 
 
 def _sequential_launch_options(K: int) -> dict:
@@ -446,8 +447,9 @@ def _sequential_launch_options(K: int) -> dict:
 def _bwd_chunk_launch_options(K: int) -> dict:
     # two pipeline stages fit with bfloat16 tiles also at K = 128: 2.19 against 2.29 ms fwd+bwd at
     # 8,2048,8,128 (H100, gpu/sweep_launch.py bwd_chunk); 16 warps were slower (3.5 ms) and
-    # crashed at K = 64 with an illegal memory access, like the 16-wide value blocks
-    return {"num_warps": 8, "num_stages": 2}
+    # crashed at K = 64 with an illegal memory access, like the 16-wide value blocks. At K <= 64,
+    # with the value block below, 4 warps: 0.89 against 1.07 ms at 8,2048,12,64
+    return {"num_warps": 8 if K > 64 else 4, "num_stages": 2}
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
