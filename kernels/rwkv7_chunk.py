@@ -6,7 +6,9 @@ Per chunk of C tokens, with W_i the inclusive in-chunk cumulative log decay (per
 E_i = W_i - w_i the exclusive one and S0 the state entering the chunk, the pair matrices
     A_ab[i, j] = sum_c a_i b_j exp(E_i - W_j)  (j < i),   A_ak likewise with k_j,
     A_rb[i, j] = sum_c r_i b_j exp(W_i - W_j)  (j <= i),  A_rk likewise with k_j
-are built column by column from exact exp(W_i - W_j) (exponents <= 0, so any decay is safe), and
+are products of r exp(W), a exp(E) with b exp(-W), k exp(-W) where the chunk's decay span is
+below FAST_SPAN, else built column by column from exp(W_i - W_j) itself (exponents <= 0, so any
+decay is exact); the backward's pair sums likewise. Then
     L = I - A_ab,  s = X + Y S0  with  X = L^-1 A_ak V,  Y = L^-1 (a exp(E)),
     o = (r exp(W)) S0 + A_rb s + A_rk V,
     S_C = exp(W_last) S0 + (b exp(W_last - W))^T s + (k exp(W_last - W))^T V.
@@ -15,16 +17,17 @@ The backward carries Gc, the gradient of the state leaving a chunk from the toke
                                                             prep saves A_rb L^-1 and L^-T Bbar)
     Gc <- exp(W_last) Gc + (r exp(W))^T dO + (a exp(E))^T P
 and per token dr = S_t do, dk = G_t v, dv = G_t^T k, db = G_t s, da = S_{t-1} p, each a state
-term plus in-chunk pair sums with exact exp(W_i - W_j). dw_t = exp(w_t) sum_v S_{t-1} G_t (per
+term plus in-chunk pair sums weighted by exp(W_i - W_j). dw_t = exp(w_t) sum_v S_{t-1} G_t (per
 channel) is, by the same expansion, the sum over the (source, sink) pairs that straddle token t:
 sources S0, b_j s_j^T and k_j v_j^T for j < t, sinks Gc, r_i do_i^T for i >= t and a_i p_i^T for
 i > t; each pair's product is a term of dr, da, dk or db already formed, so dw is gathered from
 them directly. (The shorter identity dw_t = sum_{t' >= t} (r dr - b db - k dk + a_{t'+1} da_{t'+1}),
-plus the final state's term, cancels heavily under strong decay: 1e-2 against 3e-3 in bf16.)
+plus the final state's term, cancels heavily under strong decay: 1e-2 against 3e-3 in bf16. The
+tensor-core path uses it for the in-chunk pairs only, where the decay is weak by construction.)
 Kernels: `_prep_fwd_kernel` (chunk-parallel: pair matrices, L^-1, X, Y, ...), `_fwd_state_kernel`
 (sequential over chunks: entering states and s), `_output_kernel` (chunk-parallel: o),
 `_bwd_state_kernel` (sequential, backwards: Gc and P), `_bwd_grad_kernel` (chunk-parallel: every
-input gradient).
+input gradient; launched once per in-chunk path, each program skipping the other path's chunks).
 Tested against `ltm.ops.rwkv7.naive.naive_rwkv7`.
 """
 from __future__ import annotations
@@ -39,13 +42,14 @@ from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_d
                                 store_rows)
 
 # Tokens per chunk: one 16 x 16 block per chunk keeps every in-chunk matrix one tensor-core tile.
-# The kernels take it as a constexpr; 32 and 64 work too (L^-1 then by forward substitution).
+# The kernels take it as a constexpr; 32 and 64 pass the tests under the interpreter too (L^-1 then
+# by forward substitution), but their (C, K) float32 tiles spill on a GPU (untimed).
 CHUNK = 16
 # Chunks whose decay span, max over channels of -sum(w), is below this take the tensor-core path:
 # pair matrices and pair sums as products of r exp(W), a exp(E) with b exp(-W), k exp(-W), whose
 # factors stay within exp(+-FAST_SPAN) (no overflow, no underflow to subnormals). RWKV-7's own
-# decays (log decay >= -0.61 per token) always do at 16 tokens; stronger chunks take the exact
-# column loops.
+# decays (log decay -exp(-0.5) sigmoid(.) >= -0.61 per token) always do at 16 tokens; stronger
+# chunks take the exact column loops.
 FAST_SPAN = 40.0
 
 
@@ -58,10 +62,11 @@ def _row(x, idx, j):
 @triton.jit
 def _token_row(x, i_b, i_h, T, H, D: tl.constexpr, t, BD: tl.constexpr):
     """Row t of head i_h of a [B, T, H, D] tensor as a (BD,) float32 vector (zeros past T and D).
-    The in-chunk loops read their partner token's rows so, rather than pick them out of the
-    tiles: that would be a reduction across warps per row."""
+    The column loops read their partner token's rows from memory (cached) rather than pick them
+    out of the tiles, which costs a reduction across warps per row."""
     o_d = tl.arange(0, BD)
-    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d < D) & (t < T), other=0.).to(tl.float32)
+    row = tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d < D) & (t < T), other=0.)
+    return row.to(tl.float32)
 
 
 @triton.jit
@@ -113,14 +118,12 @@ def _pair_matrices(b_r, b_a, W, E, k, b, i_b, i_h, T, H, K: tl.constexpr, t0, C:
 
 
 @triton.jit
-def _pair_matrices_fast(b_r, b_a, W, E, k, b, i_b, i_h, T, H, K: tl.constexpr, t0,
-                        C: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+def _pair_matrices_fast(b_r, b_a, b_k, b_b, W, E, C: tl.constexpr, PRECISION: tl.constexpr):
     """`_pair_matrices` as four products, for chunks whose decay span is below FAST_SPAN:
     exp(W_i - W_j) = exp(W_i) exp(-W_j) with neither factor beyond exp(FAST_SPAN)."""
     idx = tl.arange(0, C)
     e_neg = tl.exp(-W)
-    b_hat = load_rows(b, i_b, i_h, T, H, K, t0, C, BK) * e_neg
-    k_hat = load_rows(k, i_b, i_h, T, H, K, t0, C, BK) * e_neg
+    b_hat, k_hat = b_b * e_neg, b_k * e_neg
     a_t = b_a * tl.exp(E)
     r_t = b_r * tl.exp(W)
     strict = idx[:, None] > idx[None, :]
@@ -133,7 +136,7 @@ def _pair_matrices_fast(b_r, b_a, W, E, k, b, i_b, i_h, T, H, K: tl.constexpr, t
 
 
 @triton.jit
-def _prep_fwd_kernel(r, w, k, v, a, b, x, y, bbar, kbar, ybar, arl, arb, ark, aak, T, H,
+def _prep_fwd_kernel(r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl, arb, ark, aak, T, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr,
                      FAST_SPAN: tl.constexpr):
@@ -149,8 +152,7 @@ def _prep_fwd_kernel(r, w, k, v, a, b, x, y, bbar, kbar, ybar, arl, arb, ark, aa
     W, E, W_last = _decays(b_w, C)
     if tl.min(W_last, axis=0) > -FAST_SPAN:
         # in INV_PRECISION (tf32 also when the tiles are bf16), like the exact loop's float32
-        a_ab, a_ak, a_rb, a_rk = _pair_matrices_fast(b_r, b_a, W, E, k, b, i_b, i_h, T, H, K, t0, C, BK,
-                                                     INV_PRECISION)
+        a_ab, a_ak, a_rb, a_rk = _pair_matrices_fast(b_r, b_a, b_k, b_b, W, E, C, INV_PRECISION)
     else:
         a_ab, a_ak, a_rb, a_rk = _pair_matrices(b_r, b_a, W, E, k, b, i_b, i_h, T, H, K, t0, C, BK)
     # L^-1 in INV_PRECISION (tf32 also when the tiles are bf16); its products take PRECISION
@@ -158,8 +160,14 @@ def _prep_fwd_kernel(r, w, k, v, a, b, x, y, bbar, kbar, ybar, arl, arb, ark, aa
         b_linv = invert_unit_lower_by_squaring(-a_ab, C, INV_PRECISION)
     else:
         b_linv = invert_unit_lower(-a_ab, C)
-    b_y = dot(b_linv, b_a * tl.exp(E), PRECISION)
-    store_rows(y, b_y, i_b, i_h, T, H, K, t0, C, BK)
+    b_at = b_a * tl.exp(E)
+    store_rows(y, dot(b_linv, b_at, PRECISION), i_b, i_h, T, H, K, t0, C, BK)
+    # the backward's state kernel takes r exp(W), a exp(E) and exp(W_last) ready-made, so that its
+    # serial loop holds products and loads only
+    store_rows(rt, b_r * tl.exp(W), i_b, i_h, T, H, K, t0, C, BK)
+    store_rows(at, b_at, i_b, i_h, T, H, K, t0, C, BK)
+    o_k = tl.arange(0, BK)
+    tl.store(gam + (i_bh * NT + i_t) * K + o_k, tl.exp(W_last), mask=o_k < K)
     b_v = load_rows(v, i_b, i_h, T, H, V, t0, C, BV)
     b_x = dot(dot(b_linv, a_ak, INV_PRECISION), b_v, PRECISION)
     store_rows(x, b_x, i_b, i_h, T, H, V, t0, C, BV)
@@ -177,7 +185,7 @@ def _prep_fwd_kernel(r, w, k, v, a, b, x, y, bbar, kbar, ybar, arl, arb, ark, aa
 
 
 @triton.jit
-def _fwd_state_kernel(w, v, x, y, bbar, kbar, h, s, h0, ht, T, H, K: tl.constexpr,
+def _fwd_state_kernel(gam, v, x, y, bbar, kbar, h, s, h0, ht, T, H, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
     # the sequential part only: the state entering each chunk and s = X + Y S0
@@ -194,7 +202,8 @@ def _fwd_state_kernel(w, v, x, y, bbar, kbar, h, s, h0, ht, T, H, K: tl.constexp
         p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
         tl.store(p_h, rounded(b_S, p_h.dtype.element_ty), boundary_check=(0, 1))
         # (BK,): exp(W_last), the whole chunk's decay
-        W_last = tl.sum(load_rows(w, i_b, i_h, T, H, K, t0, C, BK), axis=0)
+        o_k = tl.arange(0, BK)
+        b_gam = tl.load(gam + (i_bh * NT + i_t) * K + o_k, mask=o_k < K, other=0.)
         p_x = tl.make_block_ptr(x + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
         p_v = tl.make_block_ptr(v + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
         p_s = tl.make_block_ptr(s + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
@@ -204,7 +213,7 @@ def _fwd_state_kernel(w, v, x, y, bbar, kbar, h, s, h0, ht, T, H, K: tl.constexp
         b_bbar = load_rows(bbar, i_b, i_h, T, H, K, t0, C, BK)
         b_kbar = load_rows(kbar, i_b, i_h, T, H, K, t0, C, BK)
         b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
-        b_S = (b_S * tl.exp(W_last)[:, None] + dot(tl.trans(b_bbar), b_s, PRECISION)
+        b_S = (b_S * b_gam[:, None] + dot(tl.trans(b_bbar), b_s, PRECISION)
                + dot(tl.trans(b_kbar), b_v, PRECISION))
     if STORE_HT:
         p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
@@ -233,7 +242,7 @@ def _output_kernel(r, w, v, h, s, arb, ark, o, T, H, K: tl.constexpr, V: tl.cons
 
 
 @triton.jit
-def _bwd_state_kernel(r, w, a, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.constexpr,
+def _bwd_state_kernel(rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
     # backwards over the chunks, carrying Gc (the gradient of the state leaving the chunk from
@@ -252,7 +261,6 @@ def _bwd_state_kernel(r, w, a, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.const
         t0 = i_t * C
         p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
         tl.store(p_dh, rounded(b_G, p_dh.dtype.element_ty), boundary_check=(0, 1))
-        W, E, W_last = _decays(load_rows(w, i_b, i_h, T, H, K, t0, C, BK), C)
         tv = (i_b * T * H + i_h) * V
         p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
         p_p = tl.make_block_ptr(p + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
@@ -261,9 +269,11 @@ def _bwd_state_kernel(r, w, a, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.const
         b_ybar = load_rows(ybar, i_b, i_h, T, H, K, t0, C, BK)
         b_p = dot(tl.trans(b_arl), b_do, PRECISION) + dot(b_ybar, b_G, PRECISION)
         tl.store(p_p, rounded(b_p, p_p.dtype.element_ty), boundary_check=(0, 1))
-        b_rt = load_rows(r, i_b, i_h, T, H, K, t0, C, BK) * tl.exp(W)
-        b_at = load_rows(a, i_b, i_h, T, H, K, t0, C, BK) * tl.exp(E)
-        b_G = (b_G * tl.exp(W_last)[:, None] + dot(tl.trans(b_rt), b_do, PRECISION)
+        o_k = tl.arange(0, BK)
+        b_gam = tl.load(gam + (i_bh * NT + i_t) * K + o_k, mask=o_k < K, other=0.)
+        b_rt = load_rows(rt, i_b, i_h, T, H, K, t0, C, BK)
+        b_at = load_rows(at, i_b, i_h, T, H, K, t0, C, BK)
+        b_G = (b_G * b_gam[:, None] + dot(tl.trans(b_rt), b_do, PRECISION)
                + dot(tl.trans(b_at), b_p, PRECISION))
     if STORE_DH0:
         p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
@@ -338,7 +348,8 @@ def _bwd_grad_kernel(r, w, k, v, a, b, h, s, dh, p, do, ark, aak, dr, dw, dk, dv
         # dw_t = exp(w_t) sum_v S_{t-1} G_t gathers every (source x, sink y) pair with x < t <= y.
         # Here the pairs with Gc as sink (all t; sources S0, b_j s_j, k_j v_j for j < t); the pair
         # functions add those with S0 or an in-chunk token as source and an in-chunk token as sink
-        x_bk = load_rows(b, i_b, i_h, T, H, K, t0, C, BK) * db_s + load_rows(k, i_b, i_h, T, H, K, t0, C, BK) * dk_s
+        x_bk = (load_rows(b, i_b, i_h, T, H, K, t0, C, BK) * db_s
+                + load_rows(k, i_b, i_h, T, H, K, t0, C, BK) * dk_s)
         b_dw = tl.exp(W_last) * s0_gc[None, :] + tl.cumsum(x_bk, axis=0) - x_bk
         if not EXACT:
             b_dr, b_da, b_dk, b_db, b_dw = _pair_grads_fast(dr_s, da_s, dk_s, db_s, b_dw, b_r, b_a, W, E,
@@ -381,7 +392,8 @@ def _pair_grads(b_dr, b_da, b_dk, b_db, b_dw, b_r, b_a, W, E, q_ds, q_dv, q_ps, 
         # along the chunk), both <= 1
         dec = tl.exp(-tl.abs(W - W_j[None, :]))
         # exp(E_i - W_j) below the diagonal, exp(E_j - W_i) above it
-        dec_ex = tl.exp(tl.where(strict_lower, E - W_j[None, :], tl.where(strict_upper, E_j[None, :] - W, 0.)))
+        ex = tl.where(strict_lower, E - W_j[None, :], tl.where(strict_upper, E_j[None, :] - W, 0.))
+        dec_ex = tl.exp(ex)
         # dr_i, da_i: partners j <= i (j < i), weights q[i, j]
         dr_ij = b_j[None, :] * _col(q_ds, idx, j)[:, None] + k_j[None, :] * _col(q_dv, idx, j)[:, None]
         b_dr += tl.where(lower, dec * dr_ij, 0.)
@@ -395,7 +407,8 @@ def _pair_grads(b_dr, b_da, b_dk, b_db, b_dw, b_r, b_a, W, E, q_ds, q_dv, q_ps, 
         # dw_{j+1}: sources S0 and j' <= j (b_dr, b_da hold exactly those now) with sinks
         # i >= j + 1 (r) or i >= j + 2 (a, which enters the gradient one token early)
         if j < C - 1:
-            sinks = tl.where((idx > j)[:, None], b_r * b_dr, 0.) + tl.where((idx > j + 1)[:, None], b_a * b_da, 0.)
+            sinks = (tl.where((idx > j)[:, None], b_r * b_dr, 0.)
+                     + tl.where((idx > j + 1)[:, None], b_a * b_da, 0.))
             b_dw += tl.where((idx == j + 1)[:, None], tl.sum(sinks, axis=0)[None, :], 0.)
     return b_dr, b_da, b_dk, b_db, b_dw
 
@@ -424,10 +437,10 @@ def _pair_grads_fast(b_dr, b_da, b_dk, b_db, b_dw, b_r, b_a, W, E, q_ds, q_dv, q
     pair_b = e_neg * (dot(tl.trans(q_ds), r_t, PRECISION) + dot(tl.trans(q_ps), a_t, PRECISION))
     b_dk += pair_k
     b_db += pair_b
-    # dw_t: the pairs (source j < t, sink i >= t, or > t for a) summed over the sinks i >= t
-    # (r) or > t (a), less those whose source is at or after t, summed over the sources: with
-    # every sink's row sum in b_dr, b_da (S0 included) and every in-chunk source's in the pair
-    # parts of db, dk. Within one chunk of weak decay the two differ by little
+    # dw_t: the pairs (source j < t, sink i >= t, or > t for a) as all pairs with their sink
+    # there (each sink's row sum is in b_dr, b_da, S0 included) less those with their source at
+    # or after t (each in-chunk source's sum is in the pair parts of db, dk). A difference, but
+    # over one chunk only, and under weak decay the straddling pairs are not small against it
     x_r, x_a = b_r * b_dr, b_a * b_da
     x_src = b_b * pair_b + b_k * pair_k
     b_dw += (tl.sum(x_r + x_a - x_src, axis=0)[None, :] - tl.cumsum(x_r + x_a - x_src, axis=0)
@@ -470,25 +483,26 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     inverse_precision = "tf32" if precision == "bf16" else precision
     mid = intermediate_dtype(precision)
     x, s = nan_buffer((B, T, H, V), mid, dev), nan_buffer((B, T, H, V), mid, dev)
-    y, bbar, kbar, ybar = (nan_buffer((B, T, H, K), mid, dev) for _ in range(4))
+    y, bbar, kbar, ybar, rt, at = (nan_buffer((B, T, H, K), mid, dev) for _ in range(6))
+    gam = nan_buffer((B * H, NT, K), f32, dev)
     arl, arb, ark, aak = (nan_buffer((B * H, NT, C, C), mid, dev) for _ in range(4))
-    _prep_fwd_kernel[(NT, B * H)](r, w, k, v, a, b, x, y, bbar, kbar, ybar, arl, arb, ark, aak, T, H,
-                                  K, V, C, BK, BV, precision, inverse_precision, FAST_SPAN,
-                                  **_launch_options(K))
+    _prep_fwd_kernel[(NT, B * H)](
+        r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl, arb, ark, aak, T, H, K, V, C,
+        BK, BV, precision, inverse_precision, FAST_SPAN, **_launch_options(K))
     BV = _value_block(K, V)
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        w, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H, K, V, C, BK, BV,
+        gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H, K, V, C, BK, BV,
         initial_state is not None, output_final_state, precision, **_sequential_launch_options(K))
     _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK, BV, precision, **_launch_options(K))
-    return o, ht, (h, s, ybar, arl, ark, aak)
+    return o, ht, (h, s, ybar, rt, at, gam, arl, ark, aak)
 
 
 def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
-    h, s, ybar, arl, ark, aak = saved
+    h, s, ybar, rt, at, gam, arl, ark, aak = saved
     B, T, H, K = r.shape
     V = v.shape[-1]
     C, BK, BV = CHUNK, block_size(K), _value_block(K, V)
@@ -501,7 +515,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
     dh, p = nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        r, w, a, ybar, do, arl, dh, p, dht, dh0, T, H, K, V, C, BK, BV,
+        rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V, C, BK, BV,
         dht is not None, dh0 is not None, precision, **_sequential_launch_options(K))
     dr, dk, da, db = (nan_buffer(x.shape, x.dtype, dev) for x in (r, k, a, b))
     dv = nan_buffer(v.shape, v.dtype, dev)

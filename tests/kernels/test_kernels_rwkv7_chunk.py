@@ -1,0 +1,150 @@
+"""The chunked Triton RWKV-7 recurrence against the float64 token loop, forward and every gradient."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
+from ltm.kernels import rwkv7_chunk
+from ltm.kernels.rwkv7_chunk import CHUNK, FAST_SPAN, chunk_rwkv7
+from ltm.ops.rwkv7.naive import naive_rwkv7
+
+# (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks
+# with a masked tail, K != V both ways, sizes that are no power of two or below the 32-wide value
+# blocks; decay "weak" (w in [-0.05, 0]: every chunk takes the
+# tensor-core path), "strong" (w in [-10, 0] per token and channel, in-chunk decays down to
+# exp(-150): the exact column loops) or "mixed" (strong in the second chunk only: both paths)
+CASES = [
+    (1, 1, 1, 32, 32, "weak", True),
+    (1, 11, 2, 32, 32, "strong", False),
+    (1, CHUNK, 1, 64, 64, "weak", True),
+    (2, 3 * CHUNK + 5, 1, 32, 64, "strong", True),
+    (1, 2 * CHUNK + 7, 2, 64, 32, "weak", False),
+    (1, 2 * CHUNK, 1, 128, 128, "strong", True),
+    (1, 3 * CHUNK + 3, 1, 64, 64, "mixed", True),
+    (1, CHUNK + 9, 1, 48, 80, "strong", True),
+    (1, CHUNK + 4, 1, 32, 16, "weak", True),
+]
+if ON_GPU:
+    CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 64, "strong", True),
+              (3, 200, 2, 64, 128, "weak", False), (2, 517, 3, 128, 128, "strong", True),
+              (2, 300, 2, 128, 128, "mixed", False), (1, 70, 2, 128, 16, "weak", True)]
+
+
+def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(B, T, H, K, generator=gen)
+    low = {"weak": 0.05, "strong": 10.0, "mixed": 0.05}[decay]
+    w = -low * torch.rand(B, T, H, K, generator=gen)
+    if decay == "mixed":
+        w[:, CHUNK:2 * CHUNK] *= 200
+    k = 0.5 * torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, H, V, generator=gen)
+    # as in RWKV-7: a = -kk, b = kk * in-context learning rate, kk a unit key
+    kk = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    a, b = -kk, kk * torch.rand(B, T, H, K, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_h0 else None
+    xs = [x.to(dtype) for x in (r, w, k, v, a, b)] + [h0]
+    return [None if x is None else x.to(DEVICE).requires_grad_() for x in xs]
+
+
+# bfloat16 runs on the CPU too at heads of 64 and more: under the interpreter the kernels round
+# to bfloat16 as the GPU does (`ltm.kernels.common.rounded`) and take the bf16-tile path
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
+def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+    if not ON_GPU and dtype == torch.bfloat16 and (K < 64 or T > 2 * CHUNK):
+        pytest.skip("the interpreter checks the bf16 path on a few small cases only")
+    seed = fresh_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
+    ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
+    o_ref, ht_ref = naive_rwkv7(*ref[:6], initial_state=ref[6], output_final_state=True)
+    assert o.dtype == dtype and ht.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
+    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
+    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(DEVICE)
+    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "initial_state"), xs, ref):
+        if x is None:
+            continue
+        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
+        assert x.grad.dtype == x.dtype, f"d{name} is {x.grad.dtype}, not {x.dtype}"
+        err = rel_err(x.grad, x_ref.grad)
+        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"
+
+
+@pytest.mark.parametrize("fast_span", [0.0, FAST_SPAN], ids=["exact-loops", "tensor-core"])
+def test_both_in_chunk_paths(fast_span, monkeypatch):
+    # moderate decay (chunk spans up to about 30) runs either path: FAST_SPAN = 0 sends every
+    # chunk through the exact column loops, the default every chunk through the products
+    monkeypatch.setattr(rwkv7_chunk, "FAST_SPAN", fast_span)
+    seed = fresh_seed()
+    xs = make_inputs(1, 2 * CHUNK + 5, 2, 32, 64, "weak", True, torch.float32, seed)
+    with torch.no_grad():
+        xs[1].mul_(40)
+    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    o_ref, ht_ref = naive_rwkv7(*ref[:6], initial_state=ref[6], output_final_state=True)
+    assert rel_err(o, o_ref) <= 1e-4, f"seed={seed}: o"
+    assert rel_err(ht, ht_ref) <= 1e-4, f"seed={seed}: final state"
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(DEVICE)
+    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "h0"), xs, ref):
+        err = rel_err(x.grad, x_ref.grad)
+        assert err <= 1e-4, f"seed={seed}: d{name} rel err {err:.2e}"
+
+
+def test_without_final_state():
+    seed = fresh_seed()
+    xs = make_inputs(1, CHUNK + 9, 1, 32, 32, "strong", True, torch.float32, seed)
+    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6])
+    assert ht is None
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    o_ref, _ = naive_rwkv7(*ref[:6], initial_state=ref[6])
+    assert rel_err(o, o_ref) <= 1e-4, f"seed={seed}"
+    o.sum().backward()
+    o_ref.sum().backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "h0"), xs, ref):
+        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+def test_final_state_only_gradient():
+    # the loss sees the final state alone: dw comes only from the sum_v(ht dht) term and the
+    # chunk totals, and do is zero
+    seed = fresh_seed()
+    xs = make_inputs(1, 2 * CHUNK + 3, 1, 32, 32, "weak", False, torch.float32, seed)[:6]
+    _, ht = chunk_rwkv7(*xs, output_final_state=True)
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    _, ht_ref = naive_rwkv7(*ref, output_final_state=True)
+    gen = torch.Generator().manual_seed(seed + 1)
+    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
+    (ht * dht).sum().backward()
+    (ht_ref * dht.double()).sum().backward()
+    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b"), xs, ref):
+        if name == "r":
+            assert x.grad is None or not x.grad.any(), f"seed={seed}: dr should be zero"
+            continue
+        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+def test_bad_inputs_raise_one_line_errors():
+    r = torch.zeros(1, 4, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^a must be \[B, T, H, K\]"):
+        chunk_rwkv7(r, r, r, r, r[:, :3], r)
+    with pytest.raises(ValueError, match=r"^v must be \[B, T, H, V\]"):
+        chunk_rwkv7(r, r, r, r[:, :2], r, r)
+    with pytest.raises(ValueError, match="^b must have the dtype of the first input"):
+        chunk_rwkv7(r, r, r, r, r, r.half())
+    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
+        chunk_rwkv7(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^r must hold at least one token"):
+        chunk_rwkv7(*(torch.zeros(1, 0, 2, 32, device=DEVICE) for _ in range(6)))
