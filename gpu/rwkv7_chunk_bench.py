@@ -44,7 +44,7 @@ def main() -> None:
     fla = _optional("fla.ops.rwkv7", "chunk_rwkv7")
     if fla is not None:
         impls["fla"] = fla
-    impls["loop"] = loop_module.chunk_rwkv7
+    impls["loop"] = loop_module.fused_recurrent_rwkv7
     for text in sys.argv[1:] or ["8,2048,8,128"]:
         shape = tuple(int(n) for n in text.split(","))
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))

@@ -36,7 +36,7 @@ def rwkv7_rows():
     for shape, value_block, warps in itertools.product(SHAPES, (8, 16, 32), (2, 4, 8)):
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
-            return rwkv7_module.chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
+            return rwkv7_module.fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
         with mock.patch.object(rwkv7_module, "_value_block", lambda K, V: min(value_block, V)), \
                 mock.patch.object(rwkv7_module, "_launch_options", lambda K, V: {"num_warps": warps}):
             yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)

@@ -188,7 +188,7 @@ class ChunkRWKV7Function(torch.autograd.Function):
         return (*grads, None)
 
 
-def chunk_rwkv7(
+def fused_recurrent_rwkv7(
     r: torch.Tensor,
     w: torch.Tensor,
     k: torch.Tensor,

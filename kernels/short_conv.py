@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, nan_buffer
+from ltm.kernels.common import block_size, nan_buffer, rounded
 
 # Tokens per program; the convolution reads W - 1 tokens before them again.
 TOKENS = 64
@@ -67,11 +67,11 @@ def _fwd_kernel(x, w, q, k, v, T, C: tl.constexpr, W: tl.constexpr, EPS: tl.cons
         norm = tl.sqrt(tl.sum(tl.where(in_head[None, :], u * u, 0.), axis=1))
         u = u / tl.maximum(norm, EPS)[:, None]
     if part == 0:
-        tl.store(q + offsets, u.to(q.dtype.element_ty), mask=m)
+        tl.store(q + offsets, rounded(u, q.dtype.element_ty), mask=m)
     elif part == 1:
-        tl.store(k + offsets, u.to(k.dtype.element_ty), mask=m)
+        tl.store(k + offsets, rounded(u, k.dtype.element_ty), mask=m)
     else:
-        tl.store(v + offsets, u.to(v.dtype.element_ty), mask=m)
+        tl.store(v + offsets, rounded(u, v.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -108,7 +108,7 @@ def _dpre_kernel(x, w, dq, dk, dv, dp, T, C: tl.constexpr, W: tl.constexpr, EPS:
     else:
         g = tl.load(dv + offsets, mask=m, other=0.).to(tl.float32)
     g = _dpre(x, w, g, i_b, rows, cols, in_head, T, C, part < 2, W, EPS, BT, BD)
-    tl.store(dp + (i_b * T + rows)[:, None] * C + cols[None, :], g.to(dp.dtype.element_ty), mask=m)
+    tl.store(dp + (i_b * T + rows)[:, None] * C + cols[None, :], rounded(g, dp.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _bwd_kernel(x, w, dp, dx, dw_part, T, C: tl.constexpr, W: tl.constexpr, BT: 
         wj = tl.load(w + j * C + cols, mask=in_head, other=0.).to(tl.float32)
         b_dx += dp_j * wj[None, :]
     m = (rows < T)[:, None] & in_head[None, :]
-    tl.store(dx + (i_b * T + rows)[:, None] * C + cols[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
+    tl.store(dx + (i_b * T + rows)[:, None] * C + cols[None, :], rounded(b_dx, dx.dtype.element_ty), mask=m)
     # dw[j] = sum_t x[t - W + 1 + j] dp[t], this program's share
     g = tl.load(dp + (i_b * T + rows)[:, None] * C + cols[None, :], mask=m, other=0.).to(tl.float32)
     part = dw_part + ((i_b * tl.num_programs(0) + i_t) * W) * C + cols

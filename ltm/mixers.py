@@ -312,6 +312,7 @@ class DeltaNet(nn.Module):
         C, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads
         self.kernel, self.chunk_size = cfg.kernel, cfg.chunk_size
         self.hierarchical, self.norm_eps = cfg.hierarchical, cfg.norm_eps
+        self.fused_conv = cfg.fused_conv
         # one recurrent state per head, two (fast, then slow) when hierarchical
         n_states = 2 * self.n_heads if cfg.hierarchical else self.n_heads
         self.qkv = nn.Linear(C, 3 * C, bias=False)
@@ -344,7 +345,7 @@ class DeltaNet(nn.Module):
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
         qkv, conv_state = self.qkv(x), None
-        if self.conv is not None and state is None and self.kernel == "triton":
+        if self.conv is not None and state is None and self.kernel == "triton" and self.fused_conv:
             from ltm.kernels.short_conv import short_conv_qkv
             # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
             q, k, v = (t.view(B, T, H, D) for t in short_conv_qkv(qkv, self.conv.weight[:, 0].t(), D))

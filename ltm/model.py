@@ -46,6 +46,8 @@ class ModelConfig:
     # deltanet: depthwise causal convolution of width conv_size on q, k, v
     short_conv: bool = True
     conv_size: int = 4
+    # deltanet with kernel triton, training: convolution, SiLU and the q, k norms in one Triton op
+    fused_conv: bool = True
     # deltanet: a fast and a slow state per head, mixed by a learned gate
     hierarchical: bool = False
     # latent thought vectors per layer (0 = a plain language model)

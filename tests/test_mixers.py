@@ -211,6 +211,7 @@ def test_triton_deltanet_layer_matches_the_torch_layer(name):
     results = {}
     for kernel in ("torch", "triton"):
         mixer.kernel = kernel
+        assert mixer.fused_conv
         mixer.zero_grad()
         xk = x.clone().requires_grad_()
         y, _ = mixer(xk)

@@ -1,10 +1,11 @@
-"""The Triton RWKV-7 recurrence against the float64 token loop, forward and every gradient."""
+"""The Triton RWKV-7 token loop (fused_recurrent_rwkv7) against the float64 reference, forward
+and every gradient."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
-from ltm.kernels import chunk_rwkv7
+from ltm.kernels import fused_recurrent_rwkv7 as chunk_rwkv7
 from ltm.kernels.rwkv7 import CHUNK
 from ltm.ops.rwkv7.naive import naive_rwkv7
 
