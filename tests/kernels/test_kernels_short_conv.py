@@ -15,7 +15,8 @@ if ON_GPU:
 # float32 kernels against the float64 reference: (outputs, gradients); half-precision inputs
 # round the outputs and gradients to 8 (bf16) or 11 (fp16) bits
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (5e-3, 1e-2), torch.float16: (1e-3, 2e-3)}
-DTYPES = (torch.float32, torch.bfloat16, torch.float16) if ON_GPU else (torch.float32,)
+# bfloat16 on the CPU too: under the interpreter the kernels round to it as the GPU does
+DTYPES = (torch.float32, torch.bfloat16, torch.float16) if ON_GPU else (torch.float32, torch.bfloat16)
 
 
 def reference(x, weight, head_dim):
