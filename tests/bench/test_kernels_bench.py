@@ -39,6 +39,15 @@ def test_tiny_cpu_run_times_every_available_implementation():
     assert len(format_table(rows).splitlines()) == len(rows) + 1
 
 
+def test_impls_picks_the_implementations_to_time():
+    cfg = KernelBenchConfig(shapes=[[1, 16, 1, 16]], ops=["delta_rule"], impls=["torch_chunk"],
+                            naive_tokens=8, warmup_ms=1, rep_ms=1)
+    rows = run(cfg, device="cpu")
+    assert {r["impl"] for r in rows} == {"torch_chunk"} and len(rows) == 2
+    with pytest.raises(ParamsError, match="bench_kernels.impls"):
+        from_mapping(KernelBenchConfig, {"impls": ["cuda"]}, "bench_kernels")
+
+
 def test_an_implementation_that_refuses_its_inputs_gets_rows_with_the_reason(monkeypatch):
     from ltm.bench import kernels as bench
 
