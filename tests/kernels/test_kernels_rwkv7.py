@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
-from ltm.kernels import fused_recurrent_rwkv7 as chunk_rwkv7
+from ltm.kernels import fused_recurrent_rwkv7
 from ltm.kernels.rwkv7 import CHUNK
 from ltm.ops.rwkv7.naive import naive_rwkv7
 
@@ -44,7 +44,7 @@ def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h
     seed = fresh_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
+    o, ht = fused_recurrent_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
     ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
     o_ref, ht_ref = naive_rwkv7(*ref[:6], initial_state=ref[6], output_final_state=True)
     assert o.dtype == dtype and ht.dtype == torch.float32
@@ -67,7 +67,7 @@ def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h
 def test_without_final_state():
     seed = fresh_seed()
     xs = make_inputs(1, 9, 1, 32, 32, "weak", True, torch.float32, seed)
-    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6])
+    o, ht = fused_recurrent_rwkv7(*xs[:6], initial_state=xs[6])
     assert ht is None
     ref = [x.detach().double().requires_grad_() for x in xs]
     o_ref, _ = naive_rwkv7(*ref[:6], initial_state=ref[6])
@@ -81,10 +81,10 @@ def test_without_final_state():
 def test_bad_inputs_raise_one_line_errors():
     r = torch.zeros(1, 4, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^a must be \[B, T, H, K\]"):
-        chunk_rwkv7(r, r, r, r, r[:, :3], r)
+        fused_recurrent_rwkv7(r, r, r, r, r[:, :3], r)
     with pytest.raises(ValueError, match=r"^v must be \[B, T, H, V\]"):
-        chunk_rwkv7(r, r, r, r[:, :2], r, r)
+        fused_recurrent_rwkv7(r, r, r, r[:, :2], r, r)
     with pytest.raises(ValueError, match="^b must have the dtype of the first input"):
-        chunk_rwkv7(r, r, r, r, r, r.half())
+        fused_recurrent_rwkv7(r, r, r, r, r, r.half())
     with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
-        chunk_rwkv7(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
+        fused_recurrent_rwkv7(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
