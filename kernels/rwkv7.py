@@ -9,6 +9,10 @@ runs the adjoint recurrence token by token backwards:
     dS_t += r_t do_t^T;  dS_{t-1} = dS_t * exp(w_t)[:, None] + a_t (dS_t^T b_t)^T
 Gradients of the [K]-sized inputs are sums over V, so each value block writes its own partial sum
 and the launcher adds them. Tested against `ltm.ops.rwkv7.naive.naive_rwkv7`.
+
+The chunked kernel, `ltm.kernels.chunk_rwkv7` (kernels/rwkv7_chunk.py), is what the model uses: on
+an H100 it took 2.68 against this loop's 22.2 ms fwd+bwd at 8,2048,8,128. The loop stays as
+`fused_recurrent_rwkv7`, a second, simpler implementation to check and time it against.
 """
 from __future__ import annotations
 
