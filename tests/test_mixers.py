@@ -201,23 +201,30 @@ def test_missing_fla_is_one_clear_line():
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("fused_conv", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("name", ["deltanet", "deltanet-hier"])
-def test_triton_deltanet_layer_matches_the_torch_layer(name):
-    """kernel triton fuses the convolution, SiLU and q, k norms (kernels/short_conv.py) and runs
-    the Triton delta rule: same layer output and parameter gradients as kernel torch, float32."""
+def test_triton_deltanet_layer_matches_the_torch_layer(name, fused_conv, monkeypatch):
+    """kernel triton fuses the convolution, SiLU and q, k norms (kernels/short_conv.py) unless
+    model.fused_conv is false, and runs the Triton delta rule: same layer output and parameter
+    gradients as kernel torch, float32."""
+    from ltm.kernels import short_conv
+    calls = []
+    fused = short_conv.short_conv_qkv
+    monkeypatch.setattr(short_conv, "short_conv_qkv", lambda *a, **k: calls.append(1) or fused(*a, **k))
     seed = new_seed()
-    mixer = build(LINEAR_MIXERS[name], 2, 16, kernel="torch").float()
+    mixer = build(dict(LINEAR_MIXERS[name], fused_conv=fused_conv), 2, 16, kernel="torch").float()
     x = torch.randn(1, 21, 32)
     results = {}
     for kernel in ("torch", "triton"):
         mixer.kernel = kernel
-        assert mixer.fused_conv
+        assert mixer.fused_conv == fused_conv
         mixer.zero_grad()
         xk = x.clone().requires_grad_()
         y, _ = mixer(xk)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         results[kernel] = (y.detach(), {"x": xk.grad, **{n: p.grad.clone() for n, p in mixer.named_parameters()}})
     (y_t, g_t), (y_k, g_k) = results["torch"], results["triton"]
+    assert len(calls) == (1 if fused_conv else 0)
     assert rel_err(y_k, y_t) < 1e-4, f"output, seed={seed}"
     for key in g_t:
         assert rel_err(g_k[key], g_t[key]) < 1e-4, f"grad of {key}, seed={seed}"
