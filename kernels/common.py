@@ -36,6 +36,25 @@ def check_state(name: str, state: torch.Tensor | None, shape: tuple[int, ...]) -
         raise ValueError(f"{name} must be [B, H, K, V] = {shape} or None, got {tuple(state.shape)}")
 
 
+def check_rwkv7_inputs(r, w, k, v, a, b, initial_state) -> None:
+    """The RWKV-7 ops' input checks: r, w, k, a, b [B, T, H, K] alike, v [B, T, H, V], one
+    supported dtype, head sizes in range, initial_state [B, H, K, V] or None, T >= 1."""
+    if r.dim() != 4:
+        raise ValueError(f"r must be [B, T, H, K], got shape {tuple(r.shape)}")
+    B, T, H, K = r.shape
+    for name, x in (("w", w), ("k", k), ("a", a), ("b", b)):
+        if x.shape != r.shape:
+            raise ValueError(f"{name} must be [B, T, H, K] = {tuple(r.shape)} like r, got {tuple(x.shape)}")
+    check_btd("v", v, (B, T, H), "V")
+    for name, x in (("r", r), ("w", w), ("k", k), ("v", v), ("a", a), ("b", b)):
+        check_dtype(name, x, r.dtype)
+    check_head_dim("r/k", K)
+    check_head_dim("v", v.shape[-1])
+    check_state("initial_state", initial_state, (B, H, K, v.shape[-1]))
+    if T == 0:
+        raise ValueError("r must hold at least one token (T >= 1)")
+
+
 # Triton's CPU interpreter (3.7) multiplies bfloat16 tiles as raw bits and converts float32 to
 # bfloat16 by truncation; under it `dot` and `rounded` round to nearest even themselves and
 # multiply in float32, which gives the numbers the tensor cores give (exact products of bfloat16

@@ -20,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
-                                nan_buffer)
+from ltm.kernels.common import block_size, check_rwkv7_inputs, nan_buffer
 
 # Tokens between two saved states: the backward recomputes at most this many states per step back.
 CHUNK = 32
@@ -216,20 +215,7 @@ def fused_recurrent_rwkv7(
         o: [B, T, H, V] in the dtype of v; the final state [B, H, K, V] in float32 when
         `output_final_state`, else None.
     """
-    if r.dim() != 4:
-        raise ValueError(f"r must be [B, T, H, K], got shape {tuple(r.shape)}")
-    B, T, H, K = r.shape
-    for name, x in (("w", w), ("k", k), ("a", a), ("b", b)):
-        if x.shape != r.shape:
-            raise ValueError(f"{name} must be [B, T, H, K] = {tuple(r.shape)} like r, got {tuple(x.shape)}")
-    check_btd("v", v, (B, T, H), "V")
-    for name, x in (("r", r), ("w", w), ("k", k), ("v", v), ("a", a), ("b", b)):
-        check_dtype(name, x, r.dtype)
-    check_head_dim("r/k", K)
-    check_head_dim("v", v.shape[-1])
-    check_state("initial_state", initial_state, (B, H, K, v.shape[-1]))
-    if T == 0:
-        raise ValueError("r must hold at least one token (T >= 1)")
+    check_rwkv7_inputs(r, w, k, v, a, b, initial_state)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     return ChunkRWKV7Function.apply(*(x.contiguous() for x in (r, w, k, v, a, b)), h0,
                                     output_final_state)
