@@ -28,3 +28,28 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def case_id(B: int, T: int, H: int, K: int, V: int) -> str:
     return f"B{B}-T{T}-H{H}-D{K}" if K == V else f"B{B}-T{T}-H{H}-K{K}-V{V}"
+
+
+def assert_matches_reference(op, reference, xs, names, seed, tol_out, tol_grad):
+    """op(*xs[:-1], initial_state=xs[-1]) against `reference` on float64 copies of the same
+    inputs: the output (in the inputs' dtype) and the float32 final state, then the gradient of
+    every input that is not None for random cotangents of both; each message names the seed."""
+    o, ht = op(*xs[:-1], initial_state=xs[-1], output_final_state=True)
+    ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
+    o_ref, ht_ref = reference(*ref[:-1], initial_state=ref[-1], output_final_state=True)
+    assert o.dtype == xs[0].dtype and ht.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
+    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
+    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(o.device)
+    dht = torch.randn(ht.shape, generator=gen).to(o.device)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    for name, x, x_ref in zip(names, xs, ref):
+        if x is None:
+            continue
+        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
+        assert x.grad.dtype == x.dtype, f"d{name} is {x.grad.dtype}, not {x.dtype}"
+        err = rel_err(x.grad, x_ref.grad)
+        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from ltm.kernels import chunk_delta_rule
 from ltm.kernels.delta_rule import CHUNK
 from ltm.ops.delta_rule.naive import naive_delta_rule
-from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
+from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference, case_id,
+                             fresh_seed, rel_err)
 
 # (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
 # decay "none" (g=None), "weak" (g in [-0.05, 0]) or "strong" (g in [-10, 0] per token)
@@ -55,22 +56,8 @@ def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h
     seed = fresh_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    (o, ht), (o_ref, ht_ref), ref = run_both(xs)
-    assert o.dtype == dtype and ht.dtype == torch.float32
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
-    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
-    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
-    gen = torch.Generator().manual_seed(seed + 1)
-    do = torch.randn(o.shape, generator=gen).to(DEVICE)
-    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
-    ((o.float() * do).sum() + (ht * dht).sum()).backward()
-    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
-    for name, x, x_ref in zip(("q", "k", "v", "beta", "g", "initial_state"), xs, ref):
-        if x is None:
-            continue
-        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
-        err = rel_err(x.grad, x_ref.grad)
-        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"
+    assert_matches_reference(chunk_delta_rule, naive_delta_rule, xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad)
 
 
 def test_without_final_state_and_with_scale():

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_helpers import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, fresh_seed, rel_err
+from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference, case_id,
+                             fresh_seed, rel_err)
 from ltm.kernels import fused_recurrent_rwkv7
 from ltm.kernels.rwkv7 import CHUNK
 from ltm.ops.rwkv7.naive import naive_rwkv7
@@ -44,24 +45,8 @@ def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h
     seed = fresh_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    o, ht = fused_recurrent_rwkv7(*xs[:6], initial_state=xs[6], output_final_state=True)
-    ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
-    o_ref, ht_ref = naive_rwkv7(*ref[:6], initial_state=ref[6], output_final_state=True)
-    assert o.dtype == dtype and ht.dtype == torch.float32
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"seed={seed}: unwritten output"
-    assert rel_err(o, o_ref) <= tol_out, f"seed={seed}: o rel err {rel_err(o, o_ref):.2e} > {tol_out}"
-    assert rel_err(ht, ht_ref) <= tol_out, f"seed={seed}: final state rel err {rel_err(ht, ht_ref):.2e}"
-    gen = torch.Generator().manual_seed(seed + 1)
-    do = torch.randn(o.shape, generator=gen).to(DEVICE)
-    dht = torch.randn(ht.shape, generator=gen).to(DEVICE)
-    ((o.float() * do).sum() + (ht * dht).sum()).backward()
-    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
-    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "initial_state"), xs, ref):
-        if x is None:
-            continue
-        assert x.grad is not None and torch.isfinite(x.grad).all(), f"seed={seed}: d{name} not written"
-        err = rel_err(x.grad, x_ref.grad)
-        assert err <= tol_grad, f"seed={seed}: d{name} rel err {err:.2e} > {tol_grad}"
+    assert_matches_reference(fused_recurrent_rwkv7, naive_rwkv7, xs,
+                             ("r", "w", "k", "v", "a", "b", "initial_state"), seed, tol_out, tol_grad)
 
 
 def test_without_final_state():
