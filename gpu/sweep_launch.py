@@ -42,19 +42,21 @@ def rwkv7_rows():
             yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
 
 
+def gated_delta_rule(x):
+    return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+
+
 def delta_rule_rows():
     # (value block, warps, stages): today's choices for K=128 and K=64 first, then neighbours;
     # no 16-wide blocks: they crash with an illegal memory access on Hopper, which ends the process
     choices = [(32, 8, 1), (32, 8, 2), (64, 8, 1), (64, 8, 2), (32, 4, 1), (32, 4, 2)]
     for shape, (value_block, warps, stages) in itertools.product(SHAPES, choices):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        def fn(x):
-            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
         options = {"num_warps": warps, "num_stages": stages}
         with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)), \
                 mock.patch.object(delta_rule_module, "_launch_options", lambda K: options):
             try:
-                ms = fwd_bwd_ms(fn, x)
+                ms = fwd_bwd_ms(gated_delta_rule, x)
             except Exception as err:  # e.g. out of shared memory for this choice
                 print(f"delta_rule {shape} BV={value_block} warps={warps} stages={stages}: "
                       f"{type(err).__name__}: {str(err)[:100]}", flush=True)
@@ -62,66 +64,43 @@ def delta_rule_rows():
             yield "gated_delta_rule", shape, f"BV={value_block} warps={warps} stages={stages}", ms
 
 
-def sequential_rows():
-    shapes = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (8, 2048, 12, 64)]
-    for shape, (warps, stages) in itertools.product(shapes, [(8, 1), (8, 2), (8, 3), (4, 2), (4, 3)]):
-        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        def fn(x):
-            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
-        options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, "_sequential_launch_options", lambda K: options):
-            try:
-                fwd = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100)
-                ms = fwd_bwd_ms(fn, x)
-            except Exception as err:
-                print(f"sequential {shape} warps={warps} stages={stages}: "
-                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
-                continue
-            yield "sequential", shape, f"warps={warps} stages={stages} fwd={fwd:.3f}", ms
-
-
-def bwd_chunk_rows():
-    shapes = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
-    # no 16 warps: they crashed at K = 64 with an illegal memory access, which ends the process
-    choices = [(32, 8, 2), (64, 8, 2), (64, 8, 1), (64, 4, 2), (128, 8, 1)]
-    for shape, (value_block, warps, stages) in itertools.product(shapes, choices):
-        if value_block > shape[3]:
+def kernel_rows(name: str, option_function: str, shapes, choices, backward: bool):
+    """One delta-rule kernel's launch choices: `option_function` (and, for choices with "BV",
+    `_bwd_chunk_value_block`) replaced for one measurement each; forward time, and fwd+bwd when
+    `backward`."""
+    for shape, choice in itertools.product(shapes, choices):
+        if choice.get("BV", 0) > shape[3]:
             continue
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        def fn(x):
-            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
-        options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, "_bwd_chunk_launch_options", lambda K: options), \
-                mock.patch.object(delta_rule_module, "_bwd_chunk_value_block", lambda K, V: value_block):
+        options = {"num_warps": choice["warps"], "num_stages": choice["stages"]}
+        patches = {option_function: lambda K: options}
+        if "BV" in choice:
+            patches["_bwd_chunk_value_block"] = lambda K, V: choice["BV"]
+        label = " ".join(f"{key}={value}" for key, value in choice.items())
+        with mock.patch.multiple(delta_rule_module, **patches):
             try:
-                ms = fwd_bwd_ms(fn, x)
+                fwd = triton.testing.do_bench(lambda: gated_delta_rule(x), warmup=25, rep=100)
+                ms = fwd_bwd_ms(gated_delta_rule, x) if backward else fwd
             except Exception as err:
-                print(f"bwd_chunk {shape} BV={value_block} warps={warps} stages={stages}: "
-                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
+                print(f"{name} {shape} {label}: {type(err).__name__}: {str(err)[:100]}", flush=True)
                 continue
-            yield "bwd_chunk", shape, f"BV={value_block} warps={warps} stages={stages}", ms
+        if backward:
+            label += f" fwd={fwd:.3f}"
+        yield f"{name} ({'fwd+bwd' if backward else 'fwd'})", shape, label, ms
 
 
-def per_kernel_rows(option_function: str, backward: bool):
-    """Warps and stages of one kernel (`option_function` names its launch-options function)."""
-    shapes = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
-    for shape, (warps, stages) in itertools.product(shapes, [(8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2)]):
-        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        def fn(x):
-            return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
-        options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, option_function, lambda K: options):
-            try:
-                if backward:
-                    ms = fwd_bwd_ms(fn, x)
-                else:
-                    ms = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100)
-            except Exception as err:
-                print(f"{option_function} {shape} warps={warps} stages={stages}: "
-                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
-                continue
-            what = "fwd+bwd" if backward else "fwd"
-            yield f"{option_function[1:-15]} ({what})", shape, f"warps={warps} stages={stages}", ms
+def launch(warps_stages) -> list[dict]:
+    return [{"warps": w, "stages": s} for w, s in warps_stages]
+
+
+# two shapes per head size; the sequential kernels also at batch 2, T = 8192, where they dominate
+SHAPES_K128_K64 = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
+SEQUENTIAL_SHAPES = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (8, 2048, 12, 64)]
+PER_KERNEL = launch([(8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2)])
+# no 16 warps in `_bwd_chunk`: they crashed at K = 64 with an illegal memory access, which ends
+# the process
+BWD_CHUNK = [{"BV": bv, "warps": w, "stages": s}
+             for bv, w, s in [(32, 8, 2), (64, 8, 2), (64, 8, 1), (64, 4, 2), (128, 8, 1)]]
 
 
 def main() -> None:
@@ -129,12 +108,19 @@ def main() -> None:
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     for op in ops:
         rows = {"rwkv7": rwkv7_rows, "delta_rule": delta_rule_rows,
-                "sequential": sequential_rows, "bwd_chunk": bwd_chunk_rows,
-                "prep": lambda: per_kernel_rows("_prep_launch_options", False),
-                "output": lambda: per_kernel_rows("_output_launch_options", False),
-                "bwd_local": lambda: per_kernel_rows("_bwd_local_launch_options", True)}[op]()
+                "sequential": lambda: kernel_rows(
+                    "sequential", "_sequential_launch_options", SEQUENTIAL_SHAPES,
+                    launch([(8, 1), (8, 2), (8, 3), (4, 2), (4, 3)]), True),
+                "bwd_chunk": lambda: kernel_rows(
+                    "bwd_chunk", "_bwd_chunk_launch_options", SHAPES_K128_K64, BWD_CHUNK, True),
+                "prep": lambda: kernel_rows(
+                    "prep", "_prep_launch_options", SHAPES_K128_K64, PER_KERNEL, False),
+                "output": lambda: kernel_rows(
+                    "output", "_output_launch_options", SHAPES_K128_K64, PER_KERNEL, False),
+                "bwd_local": lambda: kernel_rows(
+                    "bwd_local", "_bwd_local_launch_options", SHAPES_K128_K64, PER_KERNEL, True)}[op]()
         for name, shape, choice, ms in rows:
-            print(f"{name:17} {','.join(map(str, shape)):15} {choice:28} {ms:8.3f} ms", flush=True)
+            print(f"{name:19} {','.join(map(str, shape)):15} {choice:36} {ms:8.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
