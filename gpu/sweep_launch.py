@@ -1,13 +1,12 @@
-"""Forward+backward time of our Triton ops under other launch choices (value block, warps,
-pipeline stages), to pick the launchers' defaults from measurements.
+"""Time of our Triton ops under other launch choices (value block, warps, pipeline stages), to
+pick the launchers' defaults from measurements.
 
     python3 gpu/sweep_launch.py [rwkv7] [delta_rule] [sequential] [bwd_chunk] [prep] [output] [bwd_local]
 
-Each row replaces the op module's `_value_block` / `_launch_options` (`sequential`: only the
-delta rule's `_sequential_launch_options`, the two kernels that walk the chunks in order; `bwd_chunk`: only
-`_bwd_chunk_launch_options` and `_bwd_chunk_value_block`; `prep`, `output`, `bwd_local`: only
-that kernel's launch options) for the
-duration of one measurement (triton.testing.do_bench median, bf16 inputs as a layer feeds them).
+Each row replaces, for the duration of one measurement (triton.testing.do_bench median, bf16
+inputs as a layer feeds them): `rwkv7`, the token loop's `_value_block` and `_launch_options`;
+`delta_rule`, the delta rule's `_value_block`; `sequential`, `bwd_chunk`, `prep`, `output`,
+`bwd_local`, the launch options of those delta-rule kernels (`bwd_chunk` also its value block).
 """
 import itertools
 import sys
@@ -47,21 +46,18 @@ def gated_delta_rule(x):
 
 
 def delta_rule_rows():
-    # (value block, warps, stages): today's choices for K=128 and K=64 first, then neighbours;
+    # the value block of the kernels that split V (all but `_bwd_chunk`, which has its own);
     # no 16-wide blocks: they crash with an illegal memory access on Hopper, which ends the process
-    choices = [(32, 8, 1), (32, 8, 2), (64, 8, 1), (64, 8, 2), (32, 4, 1), (32, 4, 2)]
-    for shape, (value_block, warps, stages) in itertools.product(SHAPES, choices):
+    for shape, value_block in itertools.product(SHAPES, (32, 64)):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        options = {"num_warps": warps, "num_stages": stages}
-        with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)), \
-                mock.patch.object(delta_rule_module, "_launch_options", lambda K: options):
+        with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)):
             try:
                 ms = fwd_bwd_ms(gated_delta_rule, x)
             except Exception as err:  # e.g. out of shared memory for this choice
-                print(f"delta_rule {shape} BV={value_block} warps={warps} stages={stages}: "
-                      f"{type(err).__name__}: {str(err)[:100]}", flush=True)
+                print(f"delta_rule {shape} BV={value_block}: {type(err).__name__}: {str(err)[:100]}",
+                      flush=True)
                 continue
-            yield "gated_delta_rule", shape, f"BV={value_block} warps={warps} stages={stages}", ms
+            yield "gated_delta_rule", shape, f"BV={value_block}", ms
 
 
 def kernel_rows(name: str, option_function: str, shapes, choices, backward: bool):

@@ -404,14 +404,6 @@ def _value_block(K: int, V: int) -> int:
     return 32
 
 
-def _launch_options(K: int) -> dict:
-    # the (BT, K) float32 tiles need 8 warps to stay (mostly) in registers; wide keys get one
-    # pipeline stage to fit the shared memory of a Hopper SM (232 KB). With bfloat16 tiles two
-    # stages fit at K = 128 but measured within the run-to-run spread (2.32 against 2.35-2.47 ms
-    # fwd+bwd at 8,2048,8,128 on an H100), so the rule stays as simple as it was
-    return {"num_warps": 8, "num_stages": 1 if K > 64 else 2}
-
-
 def _prep_launch_options(K: int) -> dict:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
