@@ -29,16 +29,15 @@ TOKENS = 64
 
 
 @triton.jit
-def _preactivation(x, w_ptr, i_b, rows, cols, in_head, T, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                   BD: tl.constexpr):
+def _preactivation(x, w_ptr, i_b, rows, cols, in_head, T, C: tl.constexpr, W: tl.constexpr,
+                   BT: tl.constexpr, BD: tl.constexpr):
     """(BT, BD) float32 p for the given rows (tokens) and columns (channels); 0 outside T."""
-    mask_c = in_head & (cols < C)
     p = tl.zeros([BT, BD], dtype=tl.float32)
     for j in tl.static_range(W):
         src = rows - (W - 1) + j
-        m = ((src >= 0) & (src < T))[:, None] & mask_c[None, :]
+        m = ((src >= 0) & (src < T))[:, None] & in_head[None, :]
         xj = tl.load(x + (i_b * T + src)[:, None] * C + cols[None, :], mask=m, other=0.)
-        wj = tl.load(w_ptr + j * C + cols, mask=mask_c, other=0.)
+        wj = tl.load(w_ptr + j * C + cols, mask=in_head, other=0.)
         p += xj.to(tl.float32) * wj.to(tl.float32)[None, :]
     return p
 
