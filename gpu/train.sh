@@ -32,7 +32,8 @@ train() {  # name, limit in seconds, then --set overrides; all done within BUDGE
   for item in "$@" "${extra[@]}"; do sets+=(--set "$item"); done
   echo "== $name: $*"
   local begin=$SECONDS
-  timeout "$limit" python3 -m ltm.train --params "$params" "${sets[@]}" --no-progress \
+  # SIGABRT at the limit: faulthandler then prints where each thread was
+  PYTHONFAULTHANDLER=1 timeout -s ABRT -k 20 "$limit" python3 -m ltm.train --params "$params" "${sets[@]}" --no-progress \
     --out-dir "/tmp/ckpt/$name" --metrics "$runs/$name.json" --plot "$runs/$name.csv" \
     || echo "== $name FAILED (exit $?)"
   echo "== $name took $((SECONDS - begin)) s"
@@ -62,9 +63,17 @@ train deltanet-T8192-compiled 200 model.mixer=deltanet "${long[@]}"
 [ -f "$runs/deltanet-T8192-compiled.json" ] ||
   train deltanet-T8192-eager 60 model.mixer=deltanet train.opt.compile=false "${long[@]}"
 train attention-T1024-eager 60 train.opt.compile=false
-train deltanet-hier-T1024-eager 60 model.mixer=deltanet model.hierarchical=true train.opt.compile=false
-train rwkv7-T1024-eager 60 model.mixer=rwkv7 train.opt.compile=false
-train rwkv7-T8192-eager 150 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
+# the chunked RWKV-7 kernels take minutes to compile under torch.compile (first seen: > 170 s)
+train rwkv7-T1024-compiled 400 model.mixer=rwkv7
+train rwkv7-T8192-compiled 300 model.mixer=rwkv7 "${long[@]}"
+train rwkv7-T1024-eager 90 model.mixer=rwkv7 train.opt.compile=false
+train rwkv7-T8192-eager 90 model.mixer=rwkv7 train.opt.compile=false "${long[@]}"
+hier=(model.mixer=deltanet model.hierarchical=true)
+train deltanet-hier-T1024-compiled 250 "${hier[@]}"
+train deltanet-hier-T8192-compiled 250 "${hier[@]}" "${long[@]}"
+# fla's chunked delta rule inside the same layer, in place of ours
+train deltanet-fla-T1024-compiled 250 model.mixer=deltanet model.kernel=fla
+train deltanet-fla-T8192-compiled 250 model.mixer=deltanet model.kernel=fla "${long[@]}"
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
   train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
