@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
 # deltanet at T=1024, 2048 and 8192 beside a nanoGPT-class GPT-2 baseline (gpu/gpt2_baseline.py),
-# attention with compile off and with the chunked loss, rwkv7, and deltanet's loss curves with the
-# triton vs the torch kernel on the token cache (if there).
+# attention with compile off and with the chunked loss, rwkv7, hierarchical deltanet, and deltanet's
+# loss curves on the token cache (if there): three seeds each of the triton kernel with and without
+# the fused convolution and of the torch kernel.
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
 # OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
@@ -76,8 +77,14 @@ train deltanet-fla-T1024-compiled 250 model.mixer=deltanet model.kernel=fla
 train deltanet-fla-T8192-compiled 250 model.mixer=deltanet model.kernel=fla "${long[@]}"
 if [ -f data/cache/meta.json ]; then
   real=(model.vocab_size=0 train.data=cache train.opt.compile=false train.steps=60 train.eval_every=20)
-  train deltanet-cache-triton 60 model.mixer=deltanet "${real[@]}"
-  train deltanet-cache-torch 60 model.mixer=deltanet model.kernel=torch "${real[@]}"
+  # three seeds of each: the fused convolution, the triton kernel without it, the torch kernel
+  for seed in 1 2 3; do
+    train deltanet-cache-fused-s$seed 60 model.mixer=deltanet train.seed=$seed "${real[@]}"
+    train deltanet-cache-unfused-s$seed 60 model.mixer=deltanet model.fused_conv=false \
+      train.seed=$seed "${real[@]}"
+    train deltanet-cache-torch-s$seed 60 model.mixer=deltanet model.kernel=torch train.seed=$seed \
+      "${real[@]}"
+  done
 fi
 train attention-T1024-compiled-fusedloss 120 train.opt.fused_loss=true
 train attention-T8192-compiled-fusedloss 120 train.opt.fused_loss=true "${long[@]}"
@@ -99,10 +106,16 @@ print("| run | " + " | ".join(keys) + " |")
 print("|---" * (len(keys) + 1) + "|")
 for name, m in summary.items():
     print(f"| {name} | " + " | ".join(str(m.get(k)) for k in keys) + " |")
-pair = [summary.get(f"deltanet-cache-{k}") for k in ("triton", "torch")]
-if all(pair):
-    losses = [[float(line.split(",")[2]) for line in (runs / f"deltanet-cache-{k}.csv")
-               .read_text().split()[1:]] for k in ("triton", "torch")]
-    worst = max(abs(a - b) / abs(b) for a, b in zip(*losses))
-    print(f"deltanet triton vs torch kernel, {len(losses[0])} loss points: max rel diff {worst:.2e}")
+def curve(name):
+    rows = [line.split(",") for line in (runs / f"{name}.csv").read_text().split()[1:]]
+    return [float(loss) for _, split, loss in rows if split == "train"]
+for variant in ("fused", "unfused"):
+    seeds = [name[-1] for name in summary if name.startswith(f"deltanet-cache-{variant}-s")]
+    for seed in seeds:
+        ours, ref = curve(f"deltanet-cache-{variant}-s{seed}"), curve(f"deltanet-cache-torch-s{seed}")
+        diffs = [(a - b) / b for a, b in zip(ours, ref)]
+        print(f"deltanet {variant} vs torch kernel, seed {seed}, {len(diffs)} train losses: "
+              f"max |rel diff| {max(map(abs, diffs)):.2e}, mean {sum(diffs) / len(diffs):+.2e}, val "
+              f"{summary[f'deltanet-cache-{variant}-s{seed}']['val_loss']:.4f} against "
+              f"{summary[f'deltanet-cache-torch-s{seed}']['val_loss']:.4f}")
 PY
