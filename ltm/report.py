@@ -121,6 +121,50 @@ def benchmark_section(plots_dir: Path) -> Section:
     return Section("Benchmarks", [table], benchmark_figures(table))
 
 
+def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The training runs recorded on GPUs (`gpu/train.sh`, `gpu/ddp.sh`) and kept as JSON in
+    `folder`: one table of runs and one of DDP scaling. A file that is not such a record is an
+    error, not a silent gap in the report."""
+    runs, scaling = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            device, measured = record["device"], record["runs"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: not a GPU training record ({err})") from None
+        runs += [dict(row, device=device, record=path.name) for row in measured]
+        if record.get("ddp"):
+            ddp = record["ddp"]
+            scaling.append({"device": ddp["device"], "run": ddp["run"], "commit": ddp["commit"],
+                            "tokens_per_s_1": ddp["one_gpu"]["tokens_per_s"],
+                            "tokens_per_s_2": ddp["two_gpus"]["tokens_per_s"],
+                            "speedup": ddp["speedup"], "record": path.name})
+    columns = ["device", "run", "commit", "seq_len", "batch_size", "tokens_per_s", "mfu",
+               "peak_memory_mib", "record"]
+    return pd.DataFrame(runs, columns=columns), pd.DataFrame(scaling)
+
+
+def gpu_figure(runs: pd.DataFrame) -> Figure:
+    """Tokens per second of each recorded GPU run, longest sequences apart by colour."""
+    fig = Figure(figsize=(8, 0.35 * len(runs) + 1.5))
+    ax = fig.subplots()
+    sns.barplot(data=runs, y="run", x="tokens_per_s", hue="seq_len", dodge=False, ax=ax)
+    ax.set_title("training tokens/s per recorded GPU run (higher is better)")
+    fig.tight_layout()
+    return fig
+
+
+def gpu_section(gpu_dir: Path) -> Section:
+    runs, scaling = gpu_training_rows(gpu_dir)
+    if runs.empty:
+        return Section("Training on GPUs (recorded)", [], [],
+                       f"No GPU training records in {gpu_dir}.")
+    note = ("Measured with gpu/train.sh and gpu/ddp.sh on the devices named, kept in git as JSON "
+            "because the CPU pipeline cannot rerun them; MFU is against 989 TFLOP/s (dense bf16).")
+    tables = [runs] + ([scaling] if not scaling.empty else [])
+    return Section("Training on GPUs (recorded)", tables, [gpu_figure(runs)], note)
+
+
 def environment() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -158,13 +202,15 @@ def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str
 
 def report_stage(params_path: str | Path = "params.yaml", metrics_dir: str | Path = "reports/metrics",
                  plots_dir: str | Path = "reports/plots",
-                 output: str | Path = "reports/report.html") -> list[Section]:
-    """Build the report from whatever the stages wrote; returns the sections for the notebook."""
+                 output: str | Path = "reports/report.html",
+                 gpu_dir: str | Path = "reports/gpu") -> list[Section]:
+    """Build the report from whatever the stages wrote and the GPU training records in `gpu_dir`;
+    returns the sections for the notebook."""
     cfg = load_section(ReportConfig, "report", params_path)
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     sections = [data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                ablate_section(plots_dir), benchmark_section(plots_dir)]
+                ablate_section(plots_dir), benchmark_section(plots_dir), gpu_section(Path(gpu_dir))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(render_html(cfg.title, sections, environment(), cfg.dpi))
     return sections

@@ -1,8 +1,9 @@
 import json
 
 import pandas as pd
+import pytest
 
-from ltm.report import report_stage
+from ltm.report import gpu_section, report_stage
 
 
 def _write_inputs(root):
@@ -23,11 +24,38 @@ def test_report_embeds_every_section(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("report:\n  title: My run\n")
     out = tmp_path / "report.html"
-    sections = report_stage(params, metrics, plots, out)
+    sections = report_stage(params, metrics, plots, out, gpu_dir=tmp_path / "gpu")
     page = out.read_text()
-    assert [s.title for s in sections] == ["Data", "Training", "Speed switches", "Benchmarks"]
+    assert [s.title for s in sections] == ["Data", "Training", "Speed switches", "Benchmarks",
+                                           "Training on GPUs (recorded)"]
     assert "<title>My run</title>" in page
     # loss curve + ablation figure, embedded as PNG
     assert page.count("data:image/png;base64,") == 2
     assert "model.kernel=naive" in page and "3.21" in page
     assert "the benchmark stage has not written its metrics" in page
+    assert "No GPU training records" in page
+
+
+def _gpu_record(runs, ddp=None) -> dict:
+    return {"device": "Some GPU", "runs": runs, **({"ddp": ddp} if ddp else {})}
+
+
+def test_gpu_section_tables_every_recorded_run_and_the_scaling(tmp_path):
+    run = {"run": "attention-T1024", "commit": "abc1234", "seq_len": 1024, "batch_size": 16,
+           "tokens_per_s": 1000.0, "mfu": 0.4, "peak_memory_mib": 9000.0}
+    ddp = {"device": "2 x Some GPU", "run": "attention", "commit": "abc1234",
+           "one_gpu": {"tokens_per_s": 1000.0}, "two_gpus": {"tokens_per_s": 1900.0}, "speedup": 1.9}
+    (tmp_path / "a.json").write_text(json.dumps(_gpu_record([run], ddp)))
+    (tmp_path / "b.json").write_text(json.dumps(_gpu_record([dict(run, run="deltanet-T8192",
+                                                                   seq_len=8192)])))
+    section = gpu_section(tmp_path)
+    runs, scaling = section.tables
+    assert list(runs.run) == ["attention-T1024", "deltanet-T8192"]
+    assert list(runs.record) == ["a.json", "b.json"] and set(runs.device) == {"Some GPU"}
+    assert scaling.speedup.tolist() == [1.9] and len(section.figures) == 1
+
+
+def test_a_file_in_the_gpu_folder_that_is_no_record_is_named(tmp_path):
+    (tmp_path / "notes.json").write_text(json.dumps({"device": "Some GPU", "rows": []}))
+    with pytest.raises(ValueError, match=r"notes\.json: not a GPU training record"):
+        gpu_section(tmp_path)
