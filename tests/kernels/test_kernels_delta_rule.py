@@ -25,6 +25,14 @@ if ON_GPU:
               (3, 200, 2, 128, 64, "none", True), (1, 70, 2, 128, 16, "weak", True)]
 
 
+# dg in half precision has a tail: dg of the first token with an initial state is a sum of
+# terms that cancel to a fraction of their size, taken from the bf16 per-chunk states and state
+# gradients. B1-T100-H2-D64, strong decay, 52 seeds on the interpreter (which rounds as the GPU
+# does): median 2.7e-3, 50 below 6.2e-3, then 1.17e-2 and 2.15e-2 (seed 8), 3.2% of that one
+# entry; every other gradient stayed below 4.1e-3
+DG_HALF_BOUND = 3e-2
+
+
 def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
@@ -57,7 +65,8 @@ def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
     assert_matches_reference(chunk_delta_rule, naive_delta_rule, xs,
-                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad)
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
+                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
 
 
 def test_without_final_state_and_with_scale():
