@@ -69,7 +69,8 @@ def kernel_rows(name: str, option_function: str, shapes, choices, backward: bool
             continue
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         options = {"num_warps": choice["warps"], "num_stages": choice["stages"]}
-        patches = {option_function: lambda K: options}
+        # the option functions take K and, some of them, the tile precision
+        patches = {option_function: lambda K, *precision: options}
         if "BV" in choice:
             patches["_bwd_chunk_value_block"] = lambda K, V: choice["BV"]
         label = " ".join(f"{key}={value}" for key, value in choice.items())

@@ -428,11 +428,21 @@ def _bwd_chunk_value_block(K: int, V: int) -> int:
     return 64 if K <= 64 and V >= 64 else _value_block(K, V)
 
 
-def _sequential_launch_options(K: int) -> dict:
+def _wide_float32_tiles(K: int, precision: str) -> bool:
+    # float32 tiles (float32 and float16 inputs) of keys wider than 64 are twice the bytes of
+    # bfloat16 ones: with 3 stages `_bwd_state` asked for 246,784 bytes of shared memory where a
+    # block on a Hopper SM may have 232,448, and failed to launch on an H100
+    # (tests/kernels/test_kernels_shared_memory.py compiles every kernel for sm_90 on the CPU)
+    return K > 64 and precision != "bf16"
+
+
+def _sequential_launch_options(K: int, precision: str) -> dict:
     # the kernels that walk the chunks one after another carry only the (BK, BV) state from one
     # chunk to the next, so the next chunk's tiles can be loaded while the current one is used:
     # 3 stages and 4 warps took 2.28 against 2.46 ms fwd+bwd at 8,2048,8,128 and 1.70 against 1.75
     # at 8,2048,16,64 (H100, gpu/sweep_launch.py sequential)
+    if _wide_float32_tiles(K, precision):
+        return {"num_warps": 8, "num_stages": 1}
     return {"num_warps": 4, "num_stages": 3}
 
 
@@ -440,7 +450,8 @@ def _bwd_chunk_launch_options(K: int) -> dict:
     # two pipeline stages fit with bfloat16 tiles also at K = 128: 2.19 against 2.29 ms fwd+bwd at
     # 8,2048,8,128 (H100, gpu/sweep_launch.py bwd_chunk); 16 warps were slower (3.5 ms) and
     # crashed at K = 64 with an illegal memory access, like the 16-wide value blocks. At K <= 64,
-    # with the value block below, 4 warps: 0.89 against 1.07 ms at 8,2048,12,64
+    # with the value block below, 4 warps: 0.89 against 1.07 ms at 8,2048,12,64. With float32
+    # tiles at K = 128 the two stages take 229,376 of the 232,448 bytes a Hopper block may have
     return {"num_warps": 8 if K > 64 else 4, "num_stages": 2}
 
 
@@ -467,7 +478,8 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, precision, **_sequential_launch_options(K))
+        initial_state is not None, output_final_state, precision,
+        **_sequential_launch_options(K, precision))
     _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK, BV, precision, **_output_launch_options(K))
     return o, ht, (w, u, d, gcum, linv, h)
@@ -489,7 +501,8 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
         **_bwd_local_launch_options(K))
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK, BV,
-        dht is not None, dh0 is not None, precision, **_sequential_launch_options(K))
+        dht is not None, dh0 is not None, precision,
+        **_sequential_launch_options(K, precision))
     dq, dk = nan_buffer(q.shape, q.dtype, dev), nan_buffer(k.shape, k.dtype, dev)
     dv = nan_buffer(v.shape, v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)

@@ -212,8 +212,11 @@ def test_triton_deltanet_layer_matches_the_torch_layer(name, fused_conv, monkeyp
     fused = short_conv.short_conv_qkv
     monkeypatch.setattr(short_conv, "short_conv_qkv", lambda *a, **k: calls.append(1) or fused(*a, **k))
     seed = new_seed()
-    mixer = build(dict(LINEAR_MIXERS[name], fused_conv=fused_conv), 2, 16, kernel="torch").float()
-    x = torch.randn(1, 21, 32)
+    # Triton runs on a GPU where there is one, through its interpreter on the CPU otherwise
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mixer = build(dict(LINEAR_MIXERS[name], fused_conv=fused_conv), 2, 16, kernel="torch")
+    mixer = mixer.float().to(device)
+    x = torch.randn(1, 21, 32, device=device)
     results = {}
     for kernel in ("torch", "triton"):
         mixer.kernel = kernel
@@ -221,7 +224,7 @@ def test_triton_deltanet_layer_matches_the_torch_layer(name, fused_conv, monkeyp
         mixer.zero_grad()
         xk = x.clone().requires_grad_()
         y, _ = mixer(xk)
-        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        (y * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum().backward()
         results[kernel] = (y.detach(), {"x": xk.grad, **{n: p.grad.clone() for n, p in mixer.named_parameters()}})
     (y_t, g_t), (y_k, g_k) = results["torch"], results["triton"]
     assert len(calls) == (1 if fused_conv else 0)

@@ -1,0 +1,106 @@
+"""Compile every Triton kernel of the chunked ops for an H100 (sm_90) on the CPU, with the launch
+choices their launchers make, and print the shared memory each asks for, one JSON line per kernel.
+
+Run as a script, without TRITON_INTERPRET (the interpreter neither compiles nor reads launch
+choices): `python tests/kernels/shared_memory_probe.py`. The launchers run on CPU tensors with
+Triton's launch replaced by a recorder, so nothing executes; the recorded calls are then compiled
+for the GPU target. No GPU is needed, only Triton's bundled ptxas.
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kernels import delta_rule, rwkv7_chunk  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+
+
+def record_launches(launch) -> list[tuple]:
+    """(kernel, bound arguments, launch options) of every kernel launch made by `launch()`."""
+    calls = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
+        bound = dict(zip(self.arg_names, args), **kwargs)
+        calls.append((self, bound, options))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        launch()
+    finally:
+        JITFunction.run = original
+    return calls
+
+
+def signature_of(kernel: JITFunction, bound: dict) -> tuple[dict, dict]:
+    signature, constexprs = {}, {}
+    for param in kernel.params:
+        value = bound[param.name]
+        if param.is_constexpr or value is None:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = POINTER[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32"
+        else:
+            signature[param.name] = "fp32"
+    return signature, constexprs
+
+
+def shared_memory(kernel: JITFunction, bound: dict, options: dict) -> int:
+    signature, constexprs = signature_of(kernel, bound)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=HOPPER, options=options).metadata.shared
+
+
+def delta_rule_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
+    B, T, H = 1, 130, 1
+    q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
+    v, beta = torch.randn(B, T, H, V, dtype=dtype), torch.rand(B, T, H, dtype=dtype)
+    g, h0 = -torch.rand(B, T, H), torch.randn(B, H, K, V)
+
+    def launch():
+        o, ht, saved = delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True)
+        delta_rule._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
+                                   torch.randn_like(ht))
+    return record_launches(launch)
+
+
+def rwkv7_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
+    B, T, H = 1, 40, 1
+    r, w, k, a, b = (torch.randn(B, T, H, K, dtype=dtype) for _ in range(5))
+    v, h0 = torch.randn(B, T, H, V, dtype=dtype), torch.randn(B, H, K, V)
+
+    def launch():
+        o, ht, saved = rwkv7_chunk._rwkv7_fwd(r, w, k, v, a, b, h0, True)
+        rwkv7_chunk._rwkv7_bwd(r, w, k, v, a, b, h0, saved, torch.randn_like(o),
+                               torch.randn_like(ht))
+    return record_launches(launch)
+
+
+def main(ops: list[str]) -> None:
+    # the widest heads the ops take; float16 inputs multiply float32 tiles, as float32 ones do
+    K = 128
+    for op in ops:
+        for dtype in (torch.float32, torch.bfloat16):
+            launches = (delta_rule_launches if op == "delta_rule" else rwkv7_launches)(dtype, K, K)
+            for kernel, bound, options in launches:
+                row = {"op": op, "kernel": kernel.fn.__name__, "dtype": str(dtype).split(".")[1],
+                       "K": K, **options, "shared": shared_memory(kernel, bound, options)}
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["delta_rule", "rwkv7"])

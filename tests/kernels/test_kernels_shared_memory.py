@@ -1,0 +1,34 @@
+"""Every kernel of the chunked ops, compiled for an H100 (sm_90) with its launchers' choices,
+fits the shared memory a block may have there. The interpreter ignores launch choices, so this
+is the CPU's only check of them; an H100 run once failed at 246,784 bytes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("shared_memory_probe.py")
+# the most shared memory one thread block may use on an H100 or H200 (227 KB)
+HOPPER_BLOCK_SHARED_BYTES = 232_448
+KERNELS = {
+    "delta_rule": {"_prep_fwd_kernel", "_fwd_kernel", "_output_kernel", "_bwd_local_kernel",
+                   "_bwd_state_kernel", "_bwd_chunk_kernel"},
+    "rwkv7": {"_prep_fwd_kernel", "_fwd_state_kernel", "_output_kernel", "_bwd_state_kernel",
+              "_bwd_grad_kernel"},
+}
+
+
+@pytest.mark.parametrize("op", sorted(KERNELS))
+def test_every_kernel_fits_the_shared_memory_of_a_hopper_block(op):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(PROBE), op], env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # both tile precisions (float32, bfloat16) of every kernel the op launches
+    assert {(row["kernel"], row["dtype"]) for row in rows} == {
+        (kernel, dtype) for kernel in KERNELS[op] for dtype in ("float32", "bfloat16")}
+    too_big = [row for row in rows if row["shared"] > HOPPER_BLOCK_SHARED_BYTES]
+    assert not too_big, f"over {HOPPER_BLOCK_SHARED_BYTES} bytes of shared memory: {too_big}"
