@@ -428,20 +428,15 @@ def _bwd_chunk_value_block(K: int, V: int) -> int:
     return 64 if K <= 64 and V >= 64 else _value_block(K, V)
 
 
-def _wide_float32_tiles(K: int, precision: str) -> bool:
-    # float32 tiles (float32 and float16 inputs) of keys wider than 64 are twice the bytes of
-    # bfloat16 ones: with 3 stages `_bwd_state` asked for 246,784 bytes of shared memory where a
-    # block on a Hopper SM may have 232,448, and failed to launch on an H100
-    # (tests/kernels/test_kernels_shared_memory.py compiles every kernel for sm_90 on the CPU)
-    return K > 64 and precision != "bf16"
-
-
 def _sequential_launch_options(K: int, precision: str) -> dict:
     # the kernels that walk the chunks one after another carry only the (BK, BV) state from one
     # chunk to the next, so the next chunk's tiles can be loaded while the current one is used:
     # 3 stages and 4 warps took 2.28 against 2.46 ms fwd+bwd at 8,2048,8,128 and 1.70 against 1.75
-    # at 8,2048,16,64 (H100, gpu/sweep_launch.py sequential)
-    if _wide_float32_tiles(K, precision):
+    # at 8,2048,16,64 (H100, gpu/sweep_launch.py sequential). float32 tiles (float32 and float16
+    # inputs) of keys wider than 64 are twice those bytes: with 3 stages `_bwd_state` asked for
+    # 246,784 bytes of shared memory where a Hopper block may have 232,448 and failed to launch
+    # (tests/kernels/test_kernels_shared_memory.py compiles every kernel for sm_90 on the CPU)
+    if K > 64 and precision != "bf16":
         return {"num_warps": 8, "num_stages": 1}
     return {"num_warps": 4, "num_stages": 3}
 

@@ -325,8 +325,8 @@ class DeltaNet(nn.Module):
         dt = torch.exp(torch.empty(n_states).uniform_(math.log(1e-3), math.log(1e-1)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         # the output gate (C), beta and the decay (n_states each) and, when hierarchical, the
-        # fast/slow mix (n_heads) from one matmul: three more of n_states (12) columns each cost
-        # 0.08 ms per layer on an H100 (B8, T2048), more than the gate's own
+        # fast/slow mix (n_heads) from one matmul: as matmuls of their own, beta's and the decay's
+        # 12 columns took about 0.08 ms per layer together on an H100 (B8, T2048)
         self.gate_widths = [C, n_states, n_states, self.n_heads if cfg.hierarchical else 0]
         self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
         self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
