@@ -20,6 +20,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ltm.params import load_section
+from ltm.records import read_records
 
 
 @dataclass
@@ -126,13 +127,8 @@ def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     `folder`: one table of runs and one of DDP scaling. A file that is not such a record is an
     error, not a silent gap in the report."""
     runs, scaling = [], []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-            device, measured = record["device"], record["runs"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}: not a GPU training record ({err})") from None
-        runs += [dict(row, device=device, record=path.name) for row in measured]
+    for path, record in read_records(folder, "runs", "GPU training"):
+        runs += [dict(row, device=record["device"], record=path.name) for row in record["runs"]]
         if record.get("ddp"):
             ddp = record["ddp"]
             scaling.append({"device": ddp["device"], "run": ddp["run"], "commit": ddp["commit"],

@@ -16,6 +16,7 @@ from ltm.bench.kernels import run as run_kernels
 from ltm.bench.model import bench_generate, bench_mixers
 from ltm.model import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
+from ltm.records import read_records
 
 
 @dataclass
@@ -76,12 +77,8 @@ def recorded_rows(folder: str | Path) -> list[dict]:
     wrote and that is kept in `folder`, one row per measurement, grouped by device, so that a
     CPU run of the stage still reports them. A file that is not such a record is an error."""
     rows = []
-    for path in sorted(Path(folder).glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-            device, measured = record["device"], record["rows"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}: not a kernel benchmark record ({err})") from None
+    for path, record in read_records(folder, "rows", "kernel benchmark"):
+        device, measured = record["device"], record["rows"]
         # the commit is part of the group: a record of older kernels must not pass for today's
         at = f" at {record['commit']}" if record.get("commit") else ""
         for row in measured:
