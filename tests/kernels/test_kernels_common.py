@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from kernels_helpers import DEVICE, fresh_seed, rel_err
+from ltm.kernels import chunk_rwkv7, fused_recurrent_rwkv7
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot, dot_precision, intermediate_dtype, invert_unit_lower,
                                 invert_unit_lower_by_squaring, nan_buffer, rounded)
@@ -99,3 +100,19 @@ def test_nan_buffer_is_poisoned_only_when_asked(monkeypatch):
     monkeypatch.setenv("LTM_POISON_BUFFERS", "0")
     buffer = nan_buffer((3, 5), torch.bfloat16, torch.device("cpu"))
     assert buffer.shape == (3, 5) and buffer.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("op", [fused_recurrent_rwkv7, chunk_rwkv7], ids=["token-loop", "chunked"])
+def test_both_rwkv7_ops_raise_one_line_errors_on_bad_inputs(op):
+    # both call check_rwkv7_inputs
+    r = torch.zeros(1, 4, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^a must be \[B, T, H, K\]"):
+        op(r, r, r, r, r[:, :3], r)
+    with pytest.raises(ValueError, match=r"^v must be \[B, T, H, V\]"):
+        op(r, r, r, r[:, :2], r, r)
+    with pytest.raises(ValueError, match="^b must have the dtype of the first input"):
+        op(r, r, r, r, r, r.half())
+    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
+        op(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^r must hold at least one token"):
+        op(*(torch.zeros(1, 0, 2, 32, device=DEVICE) for _ in range(6)))

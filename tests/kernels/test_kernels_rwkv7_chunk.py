@@ -3,8 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference, case_id,
-                             fresh_seed, rel_err)
+from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference,
+                             assert_matches_reference_without_final_state, case_id, fresh_seed,
+                             rel_err)
 from ltm.kernels import rwkv7_chunk
 from ltm.kernels.rwkv7_chunk import CHUNK, FAST_SPAN, chunk_rwkv7
 from ltm.ops.rwkv7.naive import naive_rwkv7
@@ -79,15 +80,8 @@ def test_both_in_chunk_paths(fast_span, monkeypatch):
 def test_without_final_state():
     seed = fresh_seed()
     xs = make_inputs(1, CHUNK + 9, 1, 32, 32, "strong", True, torch.float32, seed)
-    o, ht = chunk_rwkv7(*xs[:6], initial_state=xs[6])
-    assert ht is None
-    ref = [x.detach().double().requires_grad_() for x in xs]
-    o_ref, _ = naive_rwkv7(*ref[:6], initial_state=ref[6])
-    assert rel_err(o, o_ref) <= 1e-4, f"seed={seed}"
-    o.sum().backward()
-    o_ref.sum().backward()
-    for name, x, x_ref in zip(("r", "w", "k", "v", "a", "b", "h0"), xs, ref):
-        assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+    assert_matches_reference_without_final_state(chunk_rwkv7, naive_rwkv7, xs,
+                                                 ("r", "w", "k", "v", "a", "b", "h0"), seed, 1e-4)
 
 
 def test_final_state_only_gradient():
@@ -107,17 +101,3 @@ def test_final_state_only_gradient():
             assert x.grad is None or not x.grad.any(), f"seed={seed}: dr should be zero"
             continue
         assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
-
-
-def test_bad_inputs_raise_one_line_errors():
-    r = torch.zeros(1, 4, 2, 32, device=DEVICE)
-    with pytest.raises(ValueError, match=r"^a must be \[B, T, H, K\]"):
-        chunk_rwkv7(r, r, r, r, r[:, :3], r)
-    with pytest.raises(ValueError, match=r"^v must be \[B, T, H, V\]"):
-        chunk_rwkv7(r, r, r, r[:, :2], r, r)
-    with pytest.raises(ValueError, match="^b must have the dtype of the first input"):
-        chunk_rwkv7(r, r, r, r, r, r.half())
-    with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
-        chunk_rwkv7(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
-    with pytest.raises(ValueError, match=r"^r must hold at least one token"):
-        chunk_rwkv7(*(torch.zeros(1, 0, 2, 32, device=DEVICE) for _ in range(6)))
