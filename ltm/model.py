@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ltm.losses import IGNORE_INDEX
 from ltm.mixers import check_kernel, make_mixer
 from ltm.params import ParamsError, check
 
@@ -236,14 +237,14 @@ class LTM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab) of idx (B, T) and, given targets (B, T) (-1 = ignored), the mean
-        cross-entropy loss."""
+        """Logits (B, T, vocab) of idx (B, T) and, given targets (B, T) (IGNORE_INDEX = -100 left
+        out, as in the chunked loss), the mean cross-entropy loss."""
         logits = self.lm_head(self.hidden(idx, z))
         if targets is None:
             return logits, None
         # the loss in at least float32, also under bf16 autocast
         wide = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
-        loss = F.cross_entropy(wide, targets.flatten(), ignore_index=-1)
+        loss = F.cross_entropy(wide, targets.flatten(), ignore_index=IGNORE_INDEX)
         return logits, loss
 
     def new_cache(self, batch: int, z: torch.Tensor | None = None) -> Cache:

@@ -138,3 +138,20 @@ def test_loss_model_matches_the_model_loss_with_and_without_the_chunked_loss():
     plain = LossModel(model, fused_loss=False, compile=False, latent_steps=0, latent_lr=0.1)(x, y)
     chunked = LossModel(model, fused_loss=True, compile=False, latent_steps=0, latent_lr=0.1)(x, y)
     assert rel_err(chunked, model(x, y)[1]) < 1e-6 and rel_err(plain, model(x, y)[1]) < 1e-6, seed
+
+
+def test_plain_and_fused_loss_leave_out_the_same_targets():
+    """train.opt.fused_loss switches LTM.forward's loss for chunked_cross_entropy: both must leave
+    out exactly the targets equal to IGNORE_INDEX (the plain one once ignored -1 instead)."""
+    from ltm.model import LTM, ModelConfig
+    torch.manual_seed(0)
+    model = LTM(ModelConfig(vocab_size=61, n_layers=1, d_model=32, n_heads=2, max_seq_len=16))
+    x = torch.randint(61, (3, 13))
+    y = torch.randint(61, (3, 13))
+    y[:, :5] = IGNORE_INDEX
+    plain = model(x, y)[1]
+    fused = chunked_cross_entropy(model.hidden(x), model.lm_head.weight, y, chunk_rows=7)
+    assert torch.allclose(plain, fused, rtol=1e-5, atol=1e-6)
+    logits = model(x)[0][:, 5:]
+    direct = torch.nn.functional.cross_entropy(logits.reshape(-1, 61), y[:, 5:].reshape(-1))
+    assert torch.allclose(plain, direct, rtol=1e-5, atol=1e-6)
