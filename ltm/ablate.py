@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ltm.cache import cache_dir_of
 from ltm.model import ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, load_section, read_params
 from ltm.train import TrainConfig, run_training
@@ -22,13 +23,15 @@ SWITCHABLE = ("model", "train")
 
 @dataclass
 class AblateConfig:
-    steps: int = 40  # training steps of every run, the baseline's included
-    repeats: int = 1  # runs per variant; tokens/s is their median
+    steps: int = 30  # training steps of every run, the baseline's included
+    repeats: int = 2  # runs per variant; tokens/s is their median
     # a variant preserves quality when its val loss is within this of the baseline's
     loss_tolerance: float = 0.05
     # each entry, one or more space-separated "section.key=value", is applied alone on top of
     # the baseline
-    switches: list[str] = field(default_factory=lambda: ["model.kernel=naive"])
+    switches: list[str] = field(default_factory=lambda: [
+        "train.opt.pretokenized=false", "train.opt.fused_loss=true", "model.checkpointing=true",
+        "model.mixer=deltanet", "model.mixer=deltanet model.kernel=naive"])
 
     def __post_init__(self) -> None:
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
@@ -95,19 +98,18 @@ def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
     return table
 
 
-def ablate_stage(params_path: str | Path = "params.yaml",
-                 metrics_path: str | Path = "reports/metrics/ablate.json",
-                 plots_path: str | Path = "reports/plots/ablate.csv") -> pd.DataFrame:
-    """The ablate stage: run every variant, write metrics (per switch) and the plot table."""
+def ablate_stage(params_path: str | Path, metrics_path: str | Path,
+                 plot_path: str | Path) -> pd.DataFrame:
+    """The ablate stage: run every variant, write metrics (per switch) and the plot table. Paths
+    come from dvc.yaml."""
     cfg = load_section(AblateConfig, "ablate", params_path)
     params = read_params(params_path)
     sections = {name: params.get(name) or {} for name in SWITCHABLE}
-    cache_dir = (params.get("data") or {}).get("cache_dir", "data/cache")
-    table = ablate(cfg, sections, cache_dir)
-    for path in (metrics_path, plots_path):
+    table = ablate(cfg, sections, cache_dir_of(params))
+    for path in (metrics_path, plot_path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     metrics = {row["switch"]: {k: v for k, v in row.items() if k != "switch"}
                for row in table.to_dict("records")}
     Path(metrics_path).write_text(json.dumps(metrics, indent=1, default=float) + "\n")
-    table.to_csv(plots_path, index=False)
+    table.to_csv(plot_path, index=False)
     return table

@@ -6,16 +6,18 @@ import hashlib
 import json
 import os
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm import tqdm
 
 from ltm.corpus import SHAKESPEARE_ARCHIVE, DataError, read_corpus, split_documents
-from ltm.params import check, load_section
+from ltm.params import ParamsError, check, load_section
 from ltm.tokenizer import end_of_text_id, load_tokenizer, save_tokenizer, train_tokenizer
 
 META_FILE = "meta.json"
@@ -35,7 +37,7 @@ class DataConfig:
     vocab_size: int = 2048  # byte-level BPE, at least 257
     seed: int = 1337  # fixes the document split
     shard_tokens: int = 1 << 24  # tokens per shard file
-    cache_dir: str = "data/cache"
+    cache_dir: str = dataclasses.field(kw_only=True)  # no default: params.yaml owns the path
 
     def __post_init__(self) -> None:
         check(0.0 < self.val_fraction < 1.0, "val_fraction", f"must be in (0, 1), got {self.val_fraction}")
@@ -208,11 +210,23 @@ class RawTextSampler:
         return batch[:, :-1], batch[:, 1:]
 
 
-def tokenize_stage(params_path: str | Path = "params.yaml",
-                   metrics_path: str | Path = "reports/metrics/tokenize.json") -> dict:
-    """The tokenize-cache stage: build the cache from the `data` section, write its metrics."""
+def cache_dir_of(params: dict) -> str:
+    """data.cache_dir of a parameters mapping: the one place that names the token cache (the
+    train and ablate stages read it; dvc.yaml interpolates it)."""
+    cache_dir = (params.get("data") or {}).get("cache_dir")
+    if not isinstance(cache_dir, str) or not cache_dir:
+        raise ParamsError("data.cache_dir: missing (the folder of the token cache, e.g. data/cache)")
+    return cache_dir
+
+
+def tokenize_stage(params_path: str | Path, metrics_path: str | Path) -> tuple[dict, pd.DataFrame]:
+    """The tokenize-cache stage: build the cache from the `data` section, write its metrics.
+    Returns the metrics and a table of the splits (documents, bytes, tokens, shards)."""
     cfg = load_section(DataConfig, "data", params_path)
     metrics = build_cache(cfg)
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
-    return metrics
+    splits = pd.DataFrame([{"split": name, "documents": split["documents"], "bytes": split["bytes"],
+                            "tokens": split["tokens"], "shards": len(split["shards"])}
+                           for name, split in read_meta(cfg.cache_dir)["splits"].items()])
+    return metrics, splits

@@ -15,10 +15,9 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 import torch
-# Figures are made without pyplot: nothing global is switched (a notebook keeps its inline
-# backend and shows each figure once, where it is displayed) and no window opens anywhere.
 from matplotlib.figure import Figure
 
+from ltm.figures import ablate_figure, benchmark_figures, loss_figure
 from ltm.params import load_section
 from ltm.records import read_records
 
@@ -62,34 +61,12 @@ def data_section(metrics_dir: Path) -> Section:
     return Section("Data", [_flat_table(metrics)], [])
 
 
-def loss_figure(curve: pd.DataFrame) -> Figure:
-    """Train and validation loss per step, from rows (step, split, loss)."""
-    fig = Figure(figsize=(7, 3.5))
-    ax = fig.subplots()
-    sns.lineplot(data=curve, x="step", y="loss", hue="split", marker=".", ax=ax)
-    ax.set_title("loss per step")
-    return fig
-
-
 def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     metrics, curve = _read_json(metrics_dir / "train.json"), _read_csv(plots_dir / "train_loss.csv")
     if metrics is None:
         return _missing("Training", "train")
     figures = [loss_figure(curve)] if curve is not None and len(curve) else []
     return Section("Training", [_flat_table(metrics)], figures)
-
-
-def ablate_figure(table: pd.DataFrame) -> Figure:
-    """Speed-up and validation loss of each switch, side by side."""
-    fig = Figure(figsize=(11, 0.5 * len(table) + 1.5))
-    axes = fig.subplots(1, 2, sharey=True)
-    sns.barplot(data=table, y="switch", x="speedup", ax=axes[0], color="tab:blue")
-    axes[0].axvline(1.0, color="black", linewidth=0.8)
-    axes[0].set_title("tokens/s relative to the baseline")
-    sns.barplot(data=table, y="switch", x="val_loss", ax=axes[1], color="tab:orange")
-    axes[1].set_title("validation loss after the same steps")
-    fig.tight_layout()
-    return fig
 
 
 def ablate_section(plots_dir: Path) -> Section:
@@ -101,25 +78,35 @@ def ablate_section(plots_dir: Path) -> Section:
     return Section("Speed switches", [table], [ablate_figure(table)], note)
 
 
-def benchmark_figures(table: pd.DataFrame) -> list[Figure]:
-    """One bar chart of milliseconds per benchmark group, implementations side by side."""
-    figures = []
-    for group, rows in table.groupby("group", sort=False):
-        fig = Figure(figsize=(8, 0.4 * len(rows) + 1.5))
-        ax = fig.subplots()
-        sns.barplot(data=rows, y="case", x="ms", hue="impl", ax=ax)
-        ax.set_xscale("log")
-        ax.set_title(f"{group}: milliseconds (log scale, lower is better)")
-        fig.tight_layout()
-        figures.append(fig)
-    return figures
-
-
 def benchmark_section(plots_dir: Path) -> Section:
     table = _read_csv(plots_dir / "benchmark.csv")
     if table is None:
         return _missing("Benchmarks", "benchmark")
     return Section("Benchmarks", [table], benchmark_figures(table))
+
+
+def recorded_kernel_rows(folder: Path) -> pd.DataFrame:
+    """The kernel benchmarks recorded on GPUs (`python -m ltm.bench.kernels --out ...`, kept in
+    `folder`): one row per measurement with the device and commit it was made on. They are
+    history, not this commit's metrics: the benchmark stage measures only what runs here."""
+    rows = []
+    for path, record in read_records(folder, "rows", "kernel benchmark"):
+        for row in record["rows"]:
+            rows.append({"device": record["device"], "commit": record.get("commit"),
+                         "op": row["op"], "pass": row["pass"],
+                         "case": f"{row['B']},{row['T']},{row['H']},{row['D']}",
+                         "impl": row["impl"], "ms": row["ms"], "record": path.name})
+    return pd.DataFrame(rows)
+
+
+def kernel_history_section(folder: Path) -> Section:
+    table = recorded_kernel_rows(folder)
+    title = "Kernel benchmarks on GPUs (recorded history)"
+    if table.empty:
+        return Section(title, [], [], f"No kernel benchmark records in {folder}.")
+    note = ("Measured on the devices and at the commits named, kept in git because the CPU "
+            "pipeline cannot rerun them: history, not measurements of this commit.")
+    return Section(title, [table], [], note)
 
 
 def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -196,17 +183,18 @@ def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def report_stage(params_path: str | Path = "params.yaml", metrics_dir: str | Path = "reports/metrics",
-                 plots_dir: str | Path = "reports/plots",
-                 output: str | Path = "reports/report.html",
-                 gpu_dir: str | Path = "reports/gpu") -> list[Section]:
-    """Build the report from whatever the stages wrote and the GPU training records in `gpu_dir`;
-    returns the sections for the notebook."""
+def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: str | Path,
+                 bench_records: str | Path, gpu_records: str | Path,
+                 output: str | Path) -> list[Section]:
+    """Build the report from whatever the stages wrote, and the GPU records (kernel benchmarks in
+    `bench_records`, training runs in `gpu_records`) as history; returns the sections for the
+    notebook. Paths come from dvc.yaml."""
     cfg = load_section(ReportConfig, "report", params_path)
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     sections = [data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                ablate_section(plots_dir), benchmark_section(plots_dir), gpu_section(Path(gpu_dir))]
+                ablate_section(plots_dir), benchmark_section(plots_dir),
+                kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(render_html(cfg.title, sections, environment(), cfg.dpi))
     return sections

@@ -30,10 +30,12 @@ from tqdm import tqdm
 
 from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, open_source, with_vocab
+from ltm.cache import cache_dir_of
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
 from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, read_params, to_dict
+from ltm.pipeline import stage_paths
 
 Auto = Literal["auto"]
 
@@ -408,8 +410,8 @@ class Trainer:
         }
 
 
-def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str = "data/cache",
-                 out_dir: str = "data/checkpoints", progress: bool = True) -> TrainResult:
+def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str, out_dir: str,
+                 progress: bool = True) -> TrainResult:
     """Train (or resume) one model; checkpoints go to out_dir. Returns metrics and loss history."""
     return Trainer(model_cfg, train_cfg, cache_dir, out_dir, progress).run()
 
@@ -432,19 +434,16 @@ def load_configs(params_path: str | Path,
         apply_override(params, item, "--set")
     model_cfg = from_mapping(ModelConfig, params.get("model"), "model")
     train_cfg = from_mapping(TrainConfig, params.get("train"), "train")
-    cache_dir = (params.get("data") or {}).get("cache_dir", "data/cache")
-    return model_cfg, train_cfg, cache_dir
+    return model_cfg, train_cfg, cache_dir_of(params)
 
 
-def train_stage(params_path: str | Path = "params.yaml", overrides: list[str] = (),
-                out_dir: str = "data/checkpoints",
-                metrics_path: str | Path = "reports/metrics/train.json",
-                plot_path: str | Path = "reports/plots/train_loss.csv",
+def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
+                plot_path: str | Path, overrides: list[str] = (),
                 progress: bool = True) -> TrainResult:
     """The train stage: train from params.yaml's model and train sections; write the metrics and
-    loss curves (from the process of rank 0)."""
+    loss curves (from the process of rank 0). Paths come from dvc.yaml."""
     model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
-    result = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress)
+    result = run_training(model_cfg, train_cfg, cache_dir, str(checkpoint_dir), progress)
     if int(os.environ.get("RANK", "0")) == 0:
         write_outputs(result, metrics_path, plot_path)
     return result
@@ -455,13 +454,16 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one parameter, e.g. --set model.mixer=deltanet")
-    parser.add_argument("--out-dir", default="data/checkpoints")
-    parser.add_argument("--metrics", default="reports/metrics/train.json")
-    parser.add_argument("--plot", default="reports/plots/train_loss.csv")
+    # default (None): the train stage's paths in dvc.yaml
+    parser.add_argument("--out-dir", help="checkpoint folder")
+    parser.add_argument("--metrics", help="metrics JSON")
+    parser.add_argument("--plot", help="loss-curve CSV")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     try:
-        train_stage(args.params, args.set, args.out_dir, args.metrics, args.plot, not args.no_progress)
+        paths = stage_paths("train", checkpoint_dir=args.out_dir, metrics_path=args.metrics,
+                            plot_path=args.plot)
+        train_stage(args.params, **paths, overrides=args.set, progress=not args.no_progress)
     except (ParamsError, TrainingDiverged) as err:
         raise SystemExit(f"error: {err}") from None
     finally:

@@ -5,7 +5,9 @@
 # shows tokens/s relative to the baseline and the validation loss after the same steps.
 
 # %% tags=["parameters"]
+# dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
+metrics_path = plot_path = None
 
 # %%
 # %matplotlib inline
@@ -16,11 +18,13 @@ enter_project_root();
 
 # %%
 from ltm.ablate import ablate_stage
+from ltm.pipeline import stage_paths
 
-table = ablate_stage(params_path)
+paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path)
+table = ablate_stage(params_path, **paths)
 table
 
 # %%
-from ltm.report import ablate_figure
+from ltm.figures import ablate_figure
 
 ablate_figure(table)

@@ -3,10 +3,13 @@
 # Times, on the device that runs the stage: each token mixer's naive token loop against its
 # chunked form (and SDPA attention), cached against uncached generation, and the recurrence
 # kernels (token loop, torch chunk, Triton and fla where they run). `speedup` is the time of the
-# slow original of the same group over this row's time.
+# slow original of the same group over this row's time. Only this run's measurements are metrics;
+# the GPU records kept in git are shown by the report as history.
 
 # %% tags=["parameters"]
+# dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
+metrics_path = plot_path = None
 
 # %%
 # %matplotlib inline
@@ -16,14 +19,15 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-import json
-from pathlib import Path
+from IPython.display import display
 
 from ltm.bench.stage import benchmark_stage
-from ltm.report import benchmark_figures
+from ltm.figures import benchmark_figures
+from ltm.pipeline import stage_paths
 
-table = benchmark_stage(params_path)
-print(json.dumps(json.loads(Path("reports/metrics/benchmark.json").read_text()), indent=1))
+paths = stage_paths("benchmark", metrics_path=metrics_path, plot_path=plot_path)
+table, metrics = benchmark_stage(params_path, **paths)
+display(metrics)
 table
 
 # %%

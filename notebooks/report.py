@@ -1,11 +1,13 @@
 # %% [markdown]
 # # Report
-# Collects the metrics and plot data of every stage into `reports/report.html`: one page with the
-# tables and figures below, and the commit, versions and device they came from.
+# Collects the metrics and plot data of every stage into one HTML page (tables and figures
+# embedded), with the commit, versions and device they came from, and the GPU records kept in git
+# as history.
 
 # %% tags=["parameters"]
+# dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-output = "reports/report.html"
+metrics_dir = plots_dir = bench_records = gpu_records = output = None
 
 # %%
 # %matplotlib inline
@@ -17,9 +19,12 @@ enter_project_root();
 # %%
 from IPython.display import display
 
+from ltm.pipeline import stage_paths
 from ltm.report import report_stage
 
-sections = report_stage(params_path, output=output)
+paths = stage_paths("report", metrics_dir=metrics_dir, plots_dir=plots_dir,
+                    bench_records=bench_records, gpu_records=gpu_records, output=output)
+sections = report_stage(params_path, **paths)
 for section in sections:
     print(f"== {section.title} ==", section.note)
     for figure in section.figures:

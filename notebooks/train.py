@@ -1,11 +1,13 @@
 # %% [markdown]
 # # Train
 # Trains the model of `params.yaml` (`model:`) with the loop and speed switches of `train:` on the
-# token cache. Checkpoints go to `data/checkpoints/`; with `train.resume: true` a killed run
-# continues from the last one when its configuration matches.
+# token cache. Checkpoints go to the folder dvc.yaml names; with `train.resume: true` a killed run
+# continues from the last one when its configuration and data match.
 
 # %% tags=["parameters"]
+# dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
+checkpoint_dir = metrics_path = plot_path = None
 
 # %%
 # %matplotlib inline
@@ -17,10 +19,13 @@ enter_project_root();
 # %%
 import pandas as pd
 
-from ltm.report import loss_figure
+from ltm.figures import loss_figure
+from ltm.pipeline import stage_paths
 from ltm.train import train_stage
 
-result = train_stage(params_path)
+paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
+                    plot_path=plot_path)
+result = train_stage(params_path, **paths)
 pd.Series(result.metrics, name="value").to_frame()
 
 # %%

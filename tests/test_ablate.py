@@ -49,7 +49,10 @@ ablate: {{steps: 4, switches: ["model.mixer=deltanet model.kernel=naive"]}}
 """)
     table = ablate_stage(params, tmp_path / "ablate.json", tmp_path / "ablate.csv")
     assert list(table["switch"]) == ["baseline", "model.mixer=deltanet model.kernel=naive"]
-    assert table["speedup"].iloc[0] == 1.0
+    # the switch's speed-up is its tokens/s over the baseline's, and it trained another model
+    ratio = table["tokens_per_s"].iloc[1] / table["tokens_per_s"].iloc[0]
+    assert table["speedup"].iloc[1] == pytest.approx(ratio, rel=1e-12)
+    assert table["val_loss"].iloc[1] != table["val_loss"].iloc[0]
     assert (table["tokens_per_s"] > 0).all() and np.isfinite(table["val_loss"]).all()
     metrics = json.loads((tmp_path / "ablate.json").read_text())
     assert set(metrics) == set(table["switch"])
@@ -58,6 +61,7 @@ ablate: {{steps: 4, switches: ["model.mixer=deltanet model.kernel=naive"]}}
 
 def test_bad_switch_fails_before_any_training(tiny_cache, tmp_path):
     params = tmp_path / "params.yaml"
-    params.write_text("model: {}\ntrain: {}\nablate: {switches: [model.mixr=rwkv7]}\n")
+    params.write_text(f"data: {{cache_dir: {tiny_cache / 'cache'}}}\nmodel: {{}}\ntrain: {{}}\n"
+                      "ablate: {switches: [model.mixr=rwkv7]}\n")
     with pytest.raises(ParamsError, match=r"model.mixr: unknown parameter \(did you mean 'mixer'\?\)"):
         ablate_stage(params, tmp_path / "a.json", tmp_path / "a.csv")

@@ -103,8 +103,9 @@ def test_corrupt_or_missing_cache_is_a_clear_error(cache, tmp_path):
 def test_stage_reads_params_and_writes_metrics(corpus_dir, tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(f"data:\n  source: {corpus_dir}\n  vocab_size: 280\n  cache_dir: {tmp_path / 'c'}\n")
-    metrics = tokenize_stage(params, tmp_path / "m.json")
+    metrics, splits = tokenize_stage(params, tmp_path / "m.json")
     assert json.loads((tmp_path / "m.json").read_text()) == metrics
+    assert splits.split.tolist() == ["train", "val"] and splits.tokens.sum() == metrics["tokens"]
     assert metrics["vocab_size"] <= 280
     params.write_text("data:\n  val_fraction: 1.5\n")
     with pytest.raises(ParamsError, match="data.val_fraction: must be in"):

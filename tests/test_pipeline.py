@@ -116,3 +116,16 @@ def test_changing_a_train_param_reruns_train_and_what_follows_only(workbook):
     log = _run(["dvc", "repro"], clone)
     assert "Running stage 'train'" in log and "Running stage 'ablate'" in log
     assert "Running stage 'tokenize'" not in log and "Running stage 'benchmark'" not in log
+
+
+def test_changing_a_model_param_reruns_every_stage_that_builds_a_model(workbook):
+    # the benchmark stage builds its models from the model section too: it must not stay
+    # "up to date" (it did, when dvc.yaml listed only `benchmark` as its params)
+    clone, _ = workbook
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["model"]["d_model"] = params["model"]["d_model"] + 16
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = _run(["dvc", "repro"], clone)
+    for stage in ("train", "ablate", "benchmark", "report"):
+        assert f"Running stage '{stage}'" in log, stage
+    assert "Running stage 'tokenize'" not in log

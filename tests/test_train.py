@@ -227,7 +227,7 @@ def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
     params = write_params(tmp_path / "params.yaml", cache_dir, model, train)
     # the uninterrupted run in this process (one thread, as the subprocesses have)
     whole_dir = tmp_path / "whole"
-    train_stage(params, [], str(whole_dir / "ckpt"), whole_dir / "train.json", whole_dir / "loss.csv",
+    train_stage(params, str(whole_dir / "ckpt"), whole_dir / "train.json", whole_dir / "loss.csv",
                 progress=False)
 
     killed = tmp_path / "killed"
@@ -259,7 +259,7 @@ def test_two_ddp_processes_match_one_on_the_same_global_batch(cache_dir, tmp_pat
     # each process: 2 micro-steps of 2 sequences, so no_sync between them is exercised too
     two = write_params(tmp_path / "two.yaml", cache_dir, model,
                        {**train, "batch_size": 2, "grad_accum": 2})
-    train_stage(one, [], str(tmp_path / "one" / "ckpt"), tmp_path / "one" / "train.json",
+    train_stage(one, str(tmp_path / "one" / "ckpt"), tmp_path / "one" / "train.json",
                 tmp_path / "one" / "loss.csv", progress=False)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     run_to_completion(torchrun + cli(two, tmp_path / "two")[1:])
@@ -275,15 +275,16 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
     params = write_params(tmp_path / "params.yaml", cache_dir,
                           dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32),
                           dict(steps=2, batch_size=2, seq_len=16, eval_batches=1, resume=False))
-    result = train_stage(params, ["model.mixer=deltanet", "train.steps=3"], str(tmp_path / "ckpt"),
-                         tmp_path / "m" / "train.json", tmp_path / "p" / "train_loss.csv",
-                         progress=False)
+    result = train_stage(params, str(tmp_path / "ckpt"), tmp_path / "m" / "train.json",
+                         tmp_path / "p" / "train_loss.csv",
+                         overrides=["model.mixer=deltanet", "train.steps=3"], progress=False)
     assert result.metrics["mixer"] == "deltanet" and result.metrics["steps"] == 3
     assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
     assert lines[0] == "step,split,loss" and lines[-1].startswith("3,val,") and len(lines) == 5
     with pytest.raises(ParamsError, match="--set: 'train' is not of the form section.key=value"):
-        train_stage(params, ["train"], progress=False)
+        train_stage(params, str(tmp_path / "ckpt"), tmp_path / "m.json", tmp_path / "p.csv",
+                    overrides=["train"], progress=False)
 
 
 def test_latent_thoughts_train_the_cross_attention(cache_dir, tmp_path):

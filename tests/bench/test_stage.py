@@ -1,10 +1,7 @@
-import json
-
 import pandas as pd
-import pytest
 import torch
 
-from ltm.bench.stage import recorded_rows, summarise
+from ltm.bench.stage import summarise
 
 RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
     {"op": "delta_rule", "impl": "triton", "B": 2, "T": 63, "H": 3, "D": 32, "pass": "fwd+bwd",
@@ -13,28 +10,14 @@ RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
      "ms": 2.5, "x_fla": 1.0}]}
 
 
-def test_recorded_rows_carry_device_case_and_source(tmp_path):
-    (tmp_path / "kernels-some.json").write_text(json.dumps(RECORD))
-    rows = recorded_rows(tmp_path)
-    assert [r["impl"] for r in rows] == ["triton", "fla"]
-    assert rows[0]["group"] == "delta_rule fwd+bwd on Some GPU at abc1234 (recorded)"
-    assert rows[0]["case"] == "2,63,3,32" and rows[0]["record"] == "kernels-some.json"
-    assert rows[0]["commit"] == "abc1234"
-
-
-def test_recorded_rows_of_an_empty_or_missing_folder_are_none(tmp_path):
-    assert recorded_rows(tmp_path) == [] and recorded_rows(tmp_path / "absent") == []
-
-
-def test_a_file_that_is_no_record_is_named(tmp_path):
-    (tmp_path / "notes.json").write_text(json.dumps({"hello": 1}))
-    with pytest.raises(ValueError, match="notes.json: not a kernel benchmark record"):
-        recorded_rows(tmp_path)
-
-
-def test_summary_gives_fla_over_ours_per_recorded_case(tmp_path):
-    (tmp_path / "kernels-some.json").write_text(json.dumps(RECORD))
-    table = pd.DataFrame(recorded_rows(tmp_path))
-    table["speedup"] = float("nan")
+def test_the_metrics_hold_this_runs_measurements_only():
+    """GPU records of earlier commits are the report's history, never this commit's metrics."""
+    table = pd.DataFrame([
+        {"group": "mixer forward B=1 T=64", "case": "deltanet", "impl": "torch", "pass": "forward",
+         "ms": 1.0, "speedup": 4.0},
+        {"group": "generate 8 tokens", "case": "deltanet", "impl": "cached", "pass": "generate",
+         "ms": 2.0, "speedup": 3.0}])
     summary = summarise(table, torch.device("cpu"))
-    assert summary["recorded_fla_over_triton"] == {"delta_rule fwd+bwd on Some GPU at abc1234 (recorded) 2,63,3,32": 1.25}
+    assert summary["chunk_vs_naive_forward"] == {"deltanet": 4.0}
+    assert summary["cached_vs_uncached_generate"] == {"deltanet": 3.0}
+    assert set(summary) == {"device", "torch", "chunk_vs_naive_forward", "cached_vs_uncached_generate"}

@@ -1,0 +1,30 @@
+# %% [markdown]
+# # Tokenize cache
+# Reads the corpus named in `params.yaml` (`data:`), trains the byte-level BPE tokenizer on the
+# train split, writes the memmapped token shards and their checksums to `data.cache_dir`.
+# (Named `tokenize_cache`, not `tokenize`, so that it never shadows Python's `tokenize` module.)
+
+# %% tags=["parameters"]
+# dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
+params_path = "params.yaml"
+metrics_path = None
+
+# %%
+from ltm.notebook import enter_project_root
+
+# JupyterLab starts the kernel in notebooks/; the paths in params.yaml are from the root
+enter_project_root();
+
+# %%
+from ltm.cache import tokenize_stage
+from ltm.pipeline import stage_paths
+
+paths = stage_paths("tokenize", metrics_path=metrics_path)
+metrics, splits = tokenize_stage(params_path, **paths)
+metrics
+
+# %% [markdown]
+# Documents per split (the split is by document, fixed by `data.seed`).
+
+# %%
+splits
