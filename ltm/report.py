@@ -1,5 +1,10 @@
-"""The report stage: one self-contained HTML page (tables and seaborn figures embedded) built from
-the metrics JSON and plot CSVs that the other stages wrote."""
+"""The report stage: one self-contained HTML page (tables and figures embedded as PNG, no script
+or font from the internet) built from the metrics JSON and plot CSVs that the other stages wrote.
+
+Sections come in the order a researcher asks: what changed (this run beside the last commit and
+each `dvc exp` run, with the noise), the settings it ran with, training, latent thoughts, the
+ablation verdicts, benchmarks, generated text, and the GPU records kept in git, marked as history.
+"""
 from __future__ import annotations
 
 import base64
@@ -8,7 +13,6 @@ import html
 import io
 import json
 import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +21,9 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
-from ltm.figures import ablate_figure, benchmark_figures, loss_figure
-from ltm.params import load_section
+from ltm import compare
+from ltm.figures import ablate_figure, benchmark_figures, latent_figure, loss_figure
+from ltm.params import load_section, read_params
 from ltm.records import read_records
 
 
@@ -54,6 +59,38 @@ def _flat_table(metrics: dict) -> pd.DataFrame:
     return flat
 
 
+def summary_section(metrics_dir: Path) -> Section:
+    current = compare.metrics_at(None, metrics_dir)
+    others = {"last commit": compare.metrics_at("HEAD", metrics_dir)}
+    for name, ref in compare.experiment_refs():
+        others[f"exp {name}"] = compare.metrics_at(ref, metrics_dir)
+    table = compare.summary_table(current, others)
+    note = (f"This run beside the last commit and every `dvc exp` run kept here. A change counts "
+            f"only beyond {compare.NOISE_SIGMAS:g} x the combined noise the stages measured "
+            "(validation loss: standard error over its batches; tokens/s: spread over the timed "
+            "windows); 'noise not measured' where a run did not record it.")
+    return Section("Summary: what changed", [table] if not table.empty else [], [], note)
+
+
+def settings_section(params_path: Path, env: dict) -> Section:
+    params = read_params(params_path)
+    state = compare.workspace_state()
+    run = pd.DataFrame([{"setting": k, "value": v} for k, v in {
+        **env, "uncommitted changes": "yes: " + ", ".join(state["changed_files"])
+        if state["dirty"] else "no"}.items()])
+    tables = [run]
+    changed = compare.changed_params(params_path)
+    if not changed.empty:
+        tables.append(changed)
+    for name in ("model", "train", "data"):
+        flat = compare.flatten(params.get(name) or {}, f"{name}.")
+        tables.append(pd.DataFrame({"parameter": list(flat), "value": [str(v) for v in flat.values()]}))
+    note = ("The device and versions of this report, the commit and whether the workspace differs "
+            "from it, the parameters that differ from the last commit (when any), then the model, "
+            "train and data sections as run.")
+    return Section("Run settings", tables, [], note)
+
+
 def data_section(metrics_dir: Path) -> Section:
     metrics = _read_json(metrics_dir / "tokenize.json")
     if metrics is None:
@@ -61,28 +98,76 @@ def data_section(metrics_dir: Path) -> Section:
     return Section("Data", [_flat_table(metrics)], [])
 
 
+# the training metrics a reader looks at first; the full file is in reports/metrics/train.json
+TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "seq_len",
+              "train_loss_last10", "val_loss", "val_loss_noise", "tokens_per_s", "tokens_per_s_noise",
+              "mfu", "peak_memory_mib", "seconds", "device", "torch")
+
+
 def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
-    metrics, curve = _read_json(metrics_dir / "train.json"), _read_csv(plots_dir / "train_loss.csv")
+    metrics = _read_json(metrics_dir / "train.json")
     if metrics is None:
         return _missing("Training", "train")
-    figures = [loss_figure(curve)] if curve is not None and len(curve) else []
-    return Section("Training", [_flat_table(metrics)], figures)
+    curves = [c for c in (_read_csv(plots_dir / "train_loss.csv"), _read_csv(plots_dir / "val_loss.csv"))
+              if c is not None and len(c)]
+    figures = [loss_figure(pd.concat(curves, ignore_index=True))] if curves else []
+    table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in TRAIN_KEYS if k in metrics])
+    return Section("Training", [table], figures)
+
+
+def latent_section(metrics_dir: Path) -> Section:
+    title = "Latent thoughts"
+    metrics = _read_json(metrics_dir / "train.json") or {}
+    by_steps = metrics.get("val_nelbo_by_steps")
+    if not by_steps:
+        return Section(title, [], [], "No latent-thought results: the trained model has no latents "
+                                      "(model.n_latent: 0) or the train stage did not evaluate them.")
+    rows = pd.DataFrame([{"inference steps": int(k), "NELBO bound (nats/token)": v}
+                         for k, v in by_steps.items()])
+    keys = [k for k in metrics if k.startswith(("val_", "plain_", "inner_")) and not isinstance(
+        metrics[k], dict)]
+    table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in keys])
+    note = ("The NELBO is (token NLL + KL(q || prior)) per token with q fitted on the scored "
+            "sequence: an upper bound of -log p(x) per token. The prefix NLL fits z on the first half "
+            "of each sequence and scores the second half: comparable with a plain model's.")
+    return Section(title, [rows, table], [latent_figure(rows)], note)
 
 
 def ablate_section(plots_dir: Path) -> Section:
     table = _read_csv(plots_dir / "ablate.csv")
     if table is None:
-        return _missing("Speed switches", "ablate")
-    note = ("Each switch is flipped alone on top of the baseline and trained for the same number "
-            "of steps; quality is preserved where the validation loss stays within the tolerance.")
-    return Section("Speed switches", [table], [ablate_figure(table)], note)
+        return _missing("Ablation verdicts", "ablate")
+    note = ("Each change against the baseline on the same validation batches; see the ablate "
+            "stage's notebook for the protocol.")
+    return Section("Ablation verdicts", [table], [ablate_figure(table)], note)
+
+
+def benchmark_tables(table: pd.DataFrame) -> list[pd.DataFrame]:
+    """One table per question (benchmark group): cases down, implementations across, ms."""
+    tables = []
+    for group, rows in table.groupby("group", sort=False):
+        wide = rows.pivot_table(index="case", columns="impl", values="ms", sort=False)
+        wide.columns = [f"{c} ms" for c in wide.columns]
+        tables.append(wide.dropna(axis=1, how="all").rename_axis(group))
+    return tables
 
 
 def benchmark_section(plots_dir: Path) -> Section:
     table = _read_csv(plots_dir / "benchmark.csv")
     if table is None:
         return _missing("Benchmarks", "benchmark")
-    return Section("Benchmarks", [table], benchmark_figures(table))
+    note = "Measured by this run's benchmark stage on the device named in the run settings."
+    return Section("Benchmarks", benchmark_tables(table), benchmark_figures(table), note)
+
+
+def samples_section(samples_path: Path | None) -> Section:
+    title = "Generated text"
+    if samples_path is None or not samples_path.is_file():
+        return Section(title, [], [], "No samples: the train stage wrote none.")
+    samples = json.loads(samples_path.read_text())
+    table = pd.DataFrame(samples["samples"])
+    settings = ", ".join(f"{k}={v}" for k, v in samples.get("settings", {}).items())
+    return Section(title, [table], [], f"Sampled from the trained checkpoint ({settings}).")
 
 
 def recorded_kernel_rows(folder: Path) -> pd.DataFrame:
@@ -140,23 +225,30 @@ def gpu_figure(runs: pd.DataFrame) -> Figure:
 def gpu_section(gpu_dir: Path) -> Section:
     runs, scaling = gpu_training_rows(gpu_dir)
     if runs.empty:
-        return Section("Training on GPUs (recorded)", [], [],
+        return Section("Training on GPUs (recorded history)", [], [],
                        f"No GPU training records in {gpu_dir}.")
     note = ("Measured with gpu/train.sh and gpu/ddp.sh on the devices named, kept in git as JSON "
             "because the CPU pipeline cannot rerun them; MFU is against 989 TFLOP/s (dense bf16).")
     tables = [runs] + ([scaling] if not scaling.empty else [])
-    return Section("Training on GPUs (recorded)", tables, [gpu_figure(runs)], note)
+    return Section("Training on GPUs (recorded history)", tables, [gpu_figure(runs)], note)
 
 
 def environment() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
+    return {"python": platform.python_version(), "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+            "commit": compare.workspace_state()["commit"],
             "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def human(x) -> str:
+    """Numbers for people: thousands separated, four significant digits, no exponent below 1e9."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if x != x:  # NaN
+        return ""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
 
 
 def _figure_html(fig: Figure, dpi: int) -> str:
@@ -174,7 +266,7 @@ def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str
         if section.note:
             parts.append(f"<p>{html.escape(section.note)}</p>")
         parts += [_figure_html(fig, dpi) for fig in section.figures]
-        parts += [table.to_html(float_format=lambda x: f"{x:.4g}", border=0) for table in section.tables]
+        parts += [table.to_html(float_format=human, border=0, na_rep="") for table in section.tables]
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
              "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
@@ -184,17 +276,20 @@ def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str
 
 
 def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: str | Path,
-                 bench_records: str | Path, gpu_records: str | Path,
-                 output: str | Path) -> list[Section]:
+                 bench_records: str | Path, gpu_records: str | Path, output: str | Path,
+                 samples_path: str | Path | None = None) -> list[Section]:
     """Build the report from whatever the stages wrote, and the GPU records (kernel benchmarks in
     `bench_records`, training runs in `gpu_records`) as history; returns the sections for the
     notebook. Paths come from dvc.yaml."""
     cfg = load_section(ReportConfig, "report", params_path)
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
-    sections = [data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                ablate_section(plots_dir), benchmark_section(plots_dir),
+    env = environment()
+    sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
+                data_section(metrics_dir), train_section(metrics_dir, plots_dir),
+                latent_section(metrics_dir), ablate_section(plots_dir), benchmark_section(plots_dir),
+                samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(render_html(cfg.title, sections, environment(), cfg.dpi))
+    Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi))
     return sections
