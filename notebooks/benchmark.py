@@ -9,7 +9,7 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_path = plot_path = None
+metrics_path = plot_path = plot_dir = None
 
 # %%
 # %matplotlib inline
@@ -25,7 +25,8 @@ from ltm.bench.stage import benchmark_stage
 from ltm.figures import benchmark_figures
 from ltm.pipeline import stage_paths
 
-paths = stage_paths("benchmark", metrics_path=metrics_path, plot_path=plot_path)
+paths = stage_paths("benchmark", metrics_path=metrics_path, plot_path=plot_path,
+                    plot_dir=plot_dir)
 table, metrics = benchmark_stage(params_path, **paths)
 display(metrics)
 table

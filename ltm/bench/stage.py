@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -83,10 +84,25 @@ def summarise(table: pd.DataFrame, device: torch.device) -> dict:
     return summary
 
 
-def benchmark_stage(params_path: str | Path, metrics_path: str | Path,
-                    plot_path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """Run every benchmark of the `benchmark` section on this machine; write the headline metrics
-    and all rows. Returns (rows, metrics). Paths come from dvc.yaml."""
+def write_plot_tables(table: pd.DataFrame, folder: str | Path) -> None:
+    """One CSV per benchmark group (an op or a mixer and a pass, a measure) in `folder`, so that
+    `dvc plots` draws one chart per question instead of stacking unrelated rows into one bar;
+    each row labelled "case impl"."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.csv"):
+        old.unlink()
+    for group, rows in table.groupby("group", sort=False):
+        slug = re.sub(r"[^a-z0-9]+", "-", str(group).lower()).strip("-")
+        rows = rows.assign(label=rows["case"].astype(str) + " " + rows["impl"].astype(str))
+        rows[["label", "case", "impl", "ms", "speedup"]].to_csv(folder / f"{slug}.csv", index=False)
+
+
+def benchmark_stage(params_path: str | Path, metrics_path: str | Path, plot_path: str | Path,
+                    plot_dir: str | Path) -> tuple[pd.DataFrame, dict]:
+    """Run every benchmark of the `benchmark` section on this machine; write the headline metrics,
+    all rows (plot_path) and one plot table per group (plot_dir). Returns (rows, metrics). Paths
+    come from dvc.yaml."""
     cfg = load_section(BenchmarkConfig, "benchmark", params_path)
     model_cfg = from_mapping(ModelConfig, read_params(params_path).get("model"), "model")
     model_cfg = dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or cfg.vocab_size)
@@ -101,4 +117,5 @@ def benchmark_stage(params_path: str | Path, metrics_path: str | Path,
     metrics = summarise(table, device)
     Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
     table.to_csv(plot_path, index=False)
+    write_plot_tables(table, plot_dir)
     return table, metrics
