@@ -84,22 +84,26 @@ def _section_literals(nodes) -> set[str]:
 def read_sections(paths: set[Path]) -> set[str]:
     """Sections of params.yaml that the code reads: `load_section(cls, "x", ...)`,
     `params.get("x")` and `params["x"]` (any name holding "params"); a `params.get(name)` with a
-    computed name reads every section named in the module's constants (ablate's SWITCHABLE)."""
+    computed name reads every section named in its function or in the module's constants
+    (ablate's SWITCHABLE, the report's settings loop)."""
     found = set()
     for path in paths:
         tree = ast.parse(path.read_text())
         constants = [node.value for node in tree.body if isinstance(node, ast.Assign)]
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name == "load_section":
-                    found |= _section_literals(node.args[1:2])
-                elif name == "get" and "params" in ast.unparse(func.value) and node.args:
-                    computed = not isinstance(node.args[0], ast.Constant)
-                    found |= _section_literals(constants if computed else node.args[:1])
-            elif isinstance(node, ast.Subscript) and "params" in ast.unparse(node.value):
-                found |= _section_literals([node.slice])
+        scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        for scope in scopes:
+            for node in ast.walk(scope):
+                if isinstance(node, ast.Call):
+                    func = node.func
+                    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                    if name == "load_section":
+                        found |= _section_literals(node.args[1:2])
+                    elif name == "get" and "params" in ast.unparse(func.value) and node.args:
+                        computed = not isinstance(node.args[0], ast.Constant)
+                        named_here = constants + ([scope] if scope is not tree else [])
+                        found |= _section_literals(named_here if computed else node.args[:1])
+                elif isinstance(node, ast.Subscript) and "params" in ast.unparse(node.value):
+                    found |= _section_literals([node.slice])
     return found
 
 
