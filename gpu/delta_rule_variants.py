@@ -18,7 +18,8 @@ import triton
 import triton.testing
 
 from ltm.bench.kernels import _optional, make_inputs
-from ltm.kernels import delta_rule as module
+# the module that makes every launch choice of the chunked delta rule and launches its kernels
+from ltm.kernels.delta_rule import chunk as module
 from ltm.ops.delta_rule.naive import naive_delta_rule
 
 SHAPES = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (16, 1024, 12, 64)]
@@ -42,7 +43,7 @@ def ms_of(fn, x, backward: bool) -> float:
 
 
 def ours(x):
-    return module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]
+    return module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]
 
 
 def errors(shape, strong: bool) -> str:

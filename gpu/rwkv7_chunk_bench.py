@@ -11,8 +11,7 @@ import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
 from ltm.bench.kernels import _optional, make_inputs
-from ltm.kernels import rwkv7 as loop_module
-from ltm.kernels import rwkv7_chunk as chunk_module
+from ltm.kernels.rwkv7 import triton_chunk_rwkv7, triton_fused_recurrent_rwkv7
 
 
 def times(fn, args, grad) -> tuple[float, float]:
@@ -26,7 +25,7 @@ def times(fn, args, grad) -> tuple[float, float]:
 
 def kernel_breakdown(args, grad) -> None:
     def once():
-        chunk_module.chunk_rwkv7(*args)[0].backward(grad)
+        triton_chunk_rwkv7(*args)[0].backward(grad)
     once()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
@@ -40,11 +39,11 @@ def kernel_breakdown(args, grad) -> None:
 def main() -> None:
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     # fla first after ours (its first call autotunes for minutes), the slow token loop last
-    impls = {"chunk": chunk_module.chunk_rwkv7}
+    impls = {"chunk": triton_chunk_rwkv7}
     fla = _optional("fla.ops.rwkv7", "chunk_rwkv7")
     if fla is not None:
         impls["fla"] = fla
-    impls["loop"] = loop_module.fused_recurrent_rwkv7
+    impls["loop"] = triton_fused_recurrent_rwkv7
     for text in sys.argv[1:] or ["8,2048,8,128"]:
         shape = tuple(int(n) for n in text.split(","))
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))

@@ -16,8 +16,9 @@ import torch
 import triton.testing
 
 from ltm.bench.kernels import make_inputs
-from ltm.kernels import delta_rule as delta_rule_module
-from ltm.kernels import rwkv7 as rwkv7_module
+# the modules that make the launch choices: the chunked delta rule and the RWKV-7 token loop
+from ltm.kernels.delta_rule import chunk as delta_rule_module
+from ltm.kernels.rwkv7 import fused_recurrent as rwkv7_module
 
 SHAPES = [(8, 2048, 8, 128), (16, 1024, 12, 64)]
 
@@ -35,14 +36,14 @@ def rwkv7_rows():
     for shape, value_block, warps in itertools.product(SHAPES, (8, 16, 32), (2, 4, 8)):
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
-            return rwkv7_module.fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
+            return rwkv7_module.triton_fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
         with mock.patch.object(rwkv7_module, "_value_block", lambda K, V: min(value_block, V)), \
                 mock.patch.object(rwkv7_module, "_launch_options", lambda K, V: {"num_warps": warps}):
             yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
 
 
 def gated_delta_rule(x):
-    return delta_rule_module.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+    return delta_rule_module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
 
 
 def delta_rule_rows():

@@ -19,6 +19,15 @@ def check_btd(name: str, x: torch.Tensor, like: tuple[int, ...], dim_name: str) 
                          f"got shape {tuple(x.shape)}")
 
 
+def check_bhd(name: str, x: torch.Tensor, B: int, H: int) -> None:
+    """Raise a one-line ValueError unless x is one token's [B, H, D] in a supported dtype (the
+    step kernels' inputs)."""
+    if x.dim() != 3 or tuple(x.shape[:2]) != (B, H):
+        raise ValueError(f"{name} must be [B, H, D] with B, H = {(B, H)}, got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+
+
 def check_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
     if x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")

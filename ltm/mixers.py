@@ -9,128 +9,22 @@ With a state from `mixer.init_state(...)` the mixer continues from it and return
 (generation): T > 1 is a parallel prefill (the chunk form with an initial state, or the KV cache
 filled at once), T == 1 is one decoding step (the step form, or one query against the KV cache).
 
-The linear mixers reach their recurrence through `delta_rule` / `rwkv7` below, which pick the
-implementation named by `model.kernel` with a plain `if`: the token-by-token reference (`naive`),
-the chunked PyTorch form (`torch`), our Triton kernels (`triton`) or flash-linear-attention (`fla`).
+The linear mixers reach their recurrence through the op entry points `ltm.ops.delta_rule` and
+`ltm.ops.rwkv7` (a sequence form and a one-token form each), which pick the implementation named by
+`model.kernel`: the token-by-token reference (`naive`), the chunked PyTorch form (`torch`), our
+Triton kernels (`triton`) or flash-linear-attention (`fla`). This module holds the layers' maths.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ltm.ops.delta_rule.chunk import chunk_delta_rule
-from ltm.ops.delta_rule.naive import naive_delta_rule
-from ltm.ops.delta_rule.step import delta_rule_step
-from ltm.ops.rwkv7.chunk import chunk_rwkv7
-from ltm.ops.rwkv7.naive import naive_rwkv7
-from ltm.ops.rwkv7.step import rwkv7_step
-
-if TYPE_CHECKING:
-    from ltm.model import ModelConfig
-
-KERNELS = ("naive", "torch", "triton", "fla")
-
-# the torch chunk form of RWKV-7 uses chunks of at most this many tokens
-RWKV7_MAX_CHUNK = 16
-
-
-def check_kernel(kernel: str) -> None:
-    """Raise a one-line error unless `kernel` names an implementation that can run here."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
-    # the Triton kernels need no check: Triton is a dependency (its interpreter runs them on CPU)
-    if kernel == "fla" and importlib.util.find_spec("fla") is None:
-        raise ValueError("kernel: 'fla' needs flash-linear-attention (pip install fla-core), "
-                         "which is not installed")
-
-
-def delta_rule(q, k, v, beta, g, *, kernel: str, chunk_size: int, initial_state=None,
-               output_final_state: bool = False):
-    """Gated delta rule over a sequence by the chosen implementation. q, k, v: (B, T, H, D);
-    beta, g: (B, T, H); state (B, H, D, D) float32. Returns (o (B, T, H, D), final state or None)."""
-    if kernel == "naive":
-        return naive_delta_rule(q, k, v, beta, g, initial_state=initial_state,
-                                output_final_state=output_final_state)
-    if kernel == "torch":
-        return chunk_delta_rule(q, k, v, beta, g, initial_state=initial_state,
-                                output_final_state=output_final_state, chunk_size=chunk_size)
-    if kernel in ("triton", "fla"):
-        # both take q, k, v, beta in one dtype (under bf16 autocast the normalised q, k come out
-        # float32, v bf16); g may stay float32
-        q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
-    if kernel == "triton":
-        from ltm.kernels import chunk_delta_rule as triton_delta_rule
-        return triton_delta_rule(q, k, v, beta, g, initial_state=initial_state,
-                                 output_final_state=output_final_state)
-    if kernel == "fla":
-        check_kernel(kernel)
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        # fla takes g before beta and expects float32 states; its scale default is also K ** -0.5
-        return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                                      output_final_state=output_final_state)
-    raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
-
-
-def delta_rule_one_token(q, k, v, beta, g, state, *, kernel: str):
-    """One decoding step of the gated delta rule: q, k, v (B, H, D); beta, g (B, H)."""
-    if kernel == "naive":
-        o, state = naive_delta_rule(q[:, None], k[:, None], v[:, None], beta[:, None], g[:, None],
-                                    initial_state=state, output_final_state=True)
-        return o[:, 0], state
-    if kernel == "triton":
-        from ltm.kernels import delta_rule_step as triton_step
-        return triton_step(q.to(v.dtype), k.to(v.dtype), v, beta.to(v.dtype), g,
-                           scale=q.shape[-1] ** -0.5, state=state)
-    # torch and fla: one token is a few small batched matmuls
-    return delta_rule_step(q, k, v, beta, g, scale=q.shape[-1] ** -0.5, state=state)
-
-
-def rwkv7(r, w, k, v, a, b, *, kernel: str, chunk_size: int, initial_state=None,
-          output_final_state: bool = False):
-    """RWKV-7 recurrence over a sequence by the chosen implementation; all inputs (B, T, H, D),
-    w the log decay; state (B, H, D, D) float32. Returns (o (B, T, H, D), final state or None)."""
-    if kernel == "naive":
-        return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
-                           output_final_state=output_final_state)
-    if kernel == "torch":
-        # its (C, C, K) pair-decay tensor grows with the square of the chunk: on a CPU at T=1024,
-        # D=32, chunks of 16 ran 3.9x faster than chunks of 64
-        return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
-                           output_final_state=output_final_state,
-                           chunk_size=min(chunk_size, RWKV7_MAX_CHUNK))
-    if kernel in ("triton", "fla"):
-        # both take all six inputs in one dtype (bf16 under autocast, where w, a, b are float32)
-        r, w, k, a, b = (x.to(v.dtype) for x in (r, w, k, a, b))
-    if kernel == "triton":
-        from ltm.kernels import chunk_rwkv7 as triton_rwkv7
-        return triton_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
-                            output_final_state=output_final_state)
-    if kernel == "fla":
-        check_kernel(kernel)
-        from fla.ops.rwkv7 import chunk_rwkv7 as fla_rwkv7
-        # fla's w is the log decay too and a^T S is read before the decay, as in naive_rwkv7
-        return fla_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=initial_state,
-                         output_final_state=output_final_state)
-    raise ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
-
-
-def rwkv7_one_token(r, w, k, v, a, b, state, *, kernel: str):
-    """One decoding step of the RWKV-7 recurrence: all inputs (B, H, D)."""
-    if kernel == "naive":
-        o, state = naive_rwkv7(*(x[:, None] for x in (r, w, k, v, a, b)),
-                               initial_state=state, output_final_state=True)
-        return o[:, 0], state
-    if kernel == "triton":
-        from ltm.kernels import rwkv7_step as triton_step
-        return triton_step(*(x.to(v.dtype) for x in (r, w, k)), v,
-                           *(x.to(v.dtype) for x in (a, b)), state=state)
-    # torch and fla: one token is a few small batched matmuls
-    return rwkv7_step(r, w, k, v, a, b, state=state)
+from ltm.config import ModelConfig
+from ltm.ops.delta_rule import delta_rule, delta_rule_one_token
+from ltm.ops.rwkv7 import rwkv7, rwkv7_one_token
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -166,18 +60,13 @@ class Attention(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype,
-                   length: int | None = None) -> dict:
-        """KV cache of `length` positions (default max_seq_len): a generation that knows its
-        length needs no more, and the cache is most of decoding's memory."""
-        shape = (batch, self.n_heads, length or self.max_seq_len, self.head_dim)
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+        shape = (batch, self.n_heads, self.max_seq_len, self.head_dim)
         return {"k": torch.zeros(shape, device=device, dtype=dtype),
                 "v": torch.zeros(shape, device=device, dtype=dtype), "pos": 0}
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
         B, T, C = x.shape
-        if state is not None and torch.is_tensor(state["pos"]):
-            return self._forward_static(x, state)
         pos = 0 if state is None else state["pos"]
         if pos + T > self.max_seq_len:
             raise ValueError(f"x: position {pos + T} is past model.max_seq_len={self.max_seq_len}")
@@ -195,34 +84,6 @@ class Attention(nn.Module):
             state = {"k": state["k"], "v": state["v"], "pos": pos + T}
         y = self._attend(q, k, v, pos, key_start)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C)), state
-
-    def _forward_static(self, x: torch.Tensor, state: dict):
-        """The static-cache step of ltm.generate: state["pos"] is a (B,) tensor, each sequence's
-        own position, so one compiled / CUDA-graph-captured step serves every position (a Python
-        int would recompile or re-capture per token) and ragged batches decode together. Keys and
-        values are written in place at those positions; queries attend over the whole cache,
-        masked to each sequence's past. The caller keeps positions inside the cache."""
-        B, T, C = x.shape
-        H, D = self.n_heads, self.head_dim
-        # (B, T): the absolute position of each new token
-        positions = state["pos"][:, None] + torch.arange(T, device=x.device)
-        # (B, H, T, D) each
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
-        # (B, 1, T, D / 2): each row rotated by its own positions
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        index = positions[:, None, :, None].expand(B, H, T, D)
-        state["k"].scatter_(2, index, k.to(state["k"].dtype))
-        state["v"].scatter_(2, index, v.to(state["v"].dtype))
-        # (B, 1, T, S): key j is visible to the query at position p when j <= p (and in the window)
-        key_pos = torch.arange(state["k"].shape[2], device=x.device)
-        mask = key_pos <= positions[..., None]
-        if self.window is not None:
-            mask = mask & (positions[..., None] - key_pos < self.window)
-        y = F.scaled_dot_product_attention(q, state["k"].to(q.dtype), state["v"].to(q.dtype),
-                                           attn_mask=mask[:, None])
-        y = self.out_proj(y.transpose(1, 2).reshape(B, T, C))
-        return y, {"k": state["k"], "v": state["v"], "pos": state["pos"] + T}
 
     def _attend(self, q, k, v, query_start: int, key_start: int) -> torch.Tensor:
         T, S = q.shape[2], k.shape[2]

@@ -10,94 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+# ModelConfig lives in ltm.config (ltm.mixers needs it too); imported here for the model and
+# re-exported, so `from ltm.model import ModelConfig` keeps working
+from ltm.config import ModelConfig
 from ltm.losses import IGNORE_INDEX
-from ltm.mixers import check_kernel, make_mixer
-from ltm.params import ParamsError, check
-
-
-@dataclasses.dataclass
-class ModelConfig:
-    """The `model:` section of params.yaml. Defaults: a tiny model that trains on a CPU."""
-
-    # 0 = taken from the tokenizer by the train stage; must be > 0 to build a model
-    vocab_size: int = 0
-    # token mixer of every layer
-    mixer: Literal["attention", "rwkv7", "deltanet"] = "attention"
-    n_layers: int = 2
-    d_model: int = 128
-    n_heads: int = 4
-    # hidden width of the SwiGLU MLP; null = 8/3 * d_model rounded up to a multiple of 64
-    d_ff: int | None = None
-    # longest sequence: size of the RoPE table and of the KV cache
-    max_seq_len: int = 256
-    # attention only: each token sees itself and window - 1 earlier tokens; null = all
-    window: int | None = None
-    # implementation of the linear recurrences: naive (token by token), torch (chunked),
-    # triton (our kernels) or fla (flash-linear-attention, if installed)
-    kernel: Literal["naive", "torch", "triton", "fla"] = "torch"
-    # tokens per chunk of the chunked forms
-    chunk_size: int = 64
-    # deltanet: depthwise causal convolution of width conv_size on q, k, v
-    short_conv: bool = True
-    conv_size: int = 4
-    # deltanet with kernel triton, training: convolution, SiLU and the q, k norms in one Triton op
-    fused_conv: bool = True
-    # deltanet: a fast and a slow state per head, mixed by a learned gate
-    hierarchical: bool = False
-    # latent thought vectors per layer (0 = a plain language model)
-    n_latent: int = 0
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    # recompute each block in the backward pass instead of storing its activations
-    checkpointing: bool = False
-    # std of the normal init of linear and embedding weights
-    init_std: float = 0.02
-
-    def __post_init__(self):
-        check(self.vocab_size >= 0, "vocab_size", f"must be >= 0, got {self.vocab_size}")
-        check(self.mixer in ("attention", "rwkv7", "deltanet"), "mixer",
-              f"expected 'attention', 'rwkv7' or 'deltanet', got {self.mixer!r}")
-        check(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
-        check(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
-        check(self.d_model >= 1 and self.d_model % self.n_heads == 0, "d_model",
-              f"must be a positive multiple of n_heads={self.n_heads}, got {self.d_model}")
-        check(self.mixer != "attention" or (self.d_model // self.n_heads) % 2 == 0, "d_model",
-              f"attention needs an even head size for RoPE, got d_model / n_heads = "
-              f"{self.d_model // self.n_heads}")
-        check(self.d_ff is None or self.d_ff >= 1, "d_ff", f"must be >= 1 or null, got {self.d_ff}")
-        check(self.max_seq_len >= 1, "max_seq_len", f"must be >= 1, got {self.max_seq_len}")
-        check(self.window is None or self.window >= 1, "window",
-              f"must be >= 1 or null, got {self.window}")
-        check(self.window is None or self.mixer == "attention", "window",
-              f"applies to mixer 'attention' only, set it to null for mixer {self.mixer!r}")
-        check(self.kernel in ("naive", "torch", "triton", "fla"), "kernel",
-              f"expected 'naive', 'torch', 'triton' or 'fla', got {self.kernel!r}")
-        check(self.chunk_size >= 1, "chunk_size", f"must be >= 1, got {self.chunk_size}")
-        check(self.conv_size >= 2, "conv_size", f"must be >= 2, got {self.conv_size}")
-        check(not self.hierarchical or self.mixer == "deltanet", "hierarchical",
-              f"applies to mixer 'deltanet' only, not {self.mixer!r}")
-        check(self.n_latent >= 0, "n_latent", f"must be >= 0, got {self.n_latent}")
-        check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
-        check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
-        check(self.init_std > 0, "init_std", f"must be > 0, got {self.init_std}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def hidden_dim(self) -> int:
-        """Width of the SwiGLU MLP."""
-        if self.d_ff is not None:
-            return self.d_ff
-        return 64 * math.ceil(8 * self.d_model / 3 / 64)
+from ltm.mixers import make_mixer
+from ltm.ops import check_kernel
+from ltm.params import ParamsError
 
 
 class RMSNorm(nn.Module):
@@ -251,15 +176,12 @@ class LTM(nn.Module):
         """Empty generation state for `batch` sequences: preallocated KV caches or zero recurrent
         states, and the latents' keys and values computed once."""
         weight = self.embed.weight
-        states = [block.mixer.init_state(batch, weight.device, weight.dtype) for block in self.blocks]
-        return Cache(states=states, latent_kv=self.latent_kv(z, batch))
-
-    def latent_kv(self, z: torch.Tensor | None, batch: int) -> list | None:
-        """Per layer, the cross-attention keys and values of the latents z, or None without z."""
         latents = self._latent_slices(z, batch)
-        if latents is None:
-            return None
-        return [block.cross.latent_kv(latents[i]) for i, block in enumerate(self.blocks)]
+        latent_kv = None
+        if latents is not None:
+            latent_kv = [block.cross.latent_kv(latents[i]) for i, block in enumerate(self.blocks)]
+        states = [block.mixer.init_state(batch, weight.device, weight.dtype) for block in self.blocks]
+        return Cache(states=states, latent_kv=latent_kv)
 
     def forward_cached(self, idx: torch.Tensor, cache: Cache, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T, vocab) of idx (B, T) continuing from `cache`, which is advanced by T
@@ -281,12 +203,10 @@ class LTM(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, z: torch.Tensor | None = None, max_new_tokens: int = 64,
                  temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None,
-                 top_p: float | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens). The
         prompt is prefilled once in parallel, then each token is one step from the cache.
-        temperature 0 = greedy; top_k / top_p: see `sample`. The readable reference of the fast
-        path in ltm.generate (static cache, captured step)."""
+        temperature 0 = greedy; top_k keeps the k most likely tokens."""
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens and temperature must be >= 0, got {max_new_tokens} "
                              f"and {temperature}")
@@ -299,7 +219,7 @@ class LTM(nn.Module):
         logits = self.forward_cached(idx, cache, last_only=True)
         tokens = [idx]
         for step in range(max_new_tokens):
-            tokens.append(sample(logits[:, -1], temperature, top_k, generator, top_p))
+            tokens.append(sample(logits[:, -1], temperature, top_k, generator))
             if step + 1 < max_new_tokens:
                 logits = self.forward_cached(tokens[-1], cache)
         return torch.cat(tokens, dim=1)
@@ -308,12 +228,11 @@ class LTM(nn.Module):
     def generate_uncached(self, idx: torch.Tensor, z: torch.Tensor | None = None,
                           max_new_tokens: int = 64, temperature: float = 1.0,
                           top_k: int | None = None,
-                          generator: torch.Generator | None = None,
-                          top_p: float | None = None) -> torch.Tensor:
+                          generator: torch.Generator | None = None) -> torch.Tensor:
         """The slow reference of `generate`: the whole sequence is recomputed for every token."""
         for _ in range(max_new_tokens):
             logits = self.lm_head(self.hidden(idx, z)[:, -1])
-            idx = torch.cat([idx, sample(logits, temperature, top_k, generator, top_p)], dim=1)
+            idx = torch.cat([idx, sample(logits, temperature, top_k, generator)], dim=1)
         return idx
 
     def num_params(self, non_embedding: bool = True) -> int:
@@ -356,25 +275,13 @@ class LTM(nn.Module):
                 + cfg.n_layers * (mixer + latents))
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None = None,
-           generator: torch.Generator | None = None, top_p: float | None = None) -> torch.Tensor:
-    """One token (B, 1) from logits (B, vocab): argmax when temperature == 0, else a draw from
-    softmax(logits / temperature) kept to the top_k most likely tokens and to the fewest most
-    likely tokens whose probability reaches top_p (nucleus). Tensor ops only, no host sync, so a
-    CUDA graph can hold it: the draw is argmax(p / e) with e ~ Exp(1) per token (the exponential
-    race, which picks token i with probability p_i)."""
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token (B, 1) from logits (B, vocab): argmax when temperature == 0."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # a token goes when the more likely ones already reach top_p: the first always stays
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-    # clamped: an exact zero draw would give 0 / 0 = nan for a token of probability 0
-    race = torch.empty_like(probs).exponential_(generator=generator).clamp_min(1e-30)
-    return (probs / race).argmax(dim=-1, keepdim=True)
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)

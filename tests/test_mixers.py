@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.mixers import (Attention, DeltaNet, RWKV7TimeMix, ShortConv, apply_rope, check_kernel,
-                        delta_rule, make_mixer, rope_tables)
+from ltm.mixers import (Attention, DeltaNet, RWKV7TimeMix, ShortConv, apply_rope, make_mixer,
+                        rope_tables)
 from ltm.model import ModelConfig
+from ltm.ops import check_kernel
+from ltm.ops.delta_rule import delta_rule
 
 
 LINEAR_MIXERS = {

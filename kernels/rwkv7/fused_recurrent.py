@@ -10,9 +10,9 @@ runs the adjoint recurrence token by token backwards:
 Gradients of the [K]-sized inputs are sums over V, so each value block writes its own partial sum
 and the launcher adds them. Tested against `ltm.ops.rwkv7.naive.naive_rwkv7`.
 
-The chunked kernel, `ltm.kernels.chunk_rwkv7` (kernels/rwkv7_chunk.py), is what the model uses: on
-an H100 it took 2.68 against this loop's 22.2 ms fwd+bwd at 8,2048,8,128. The loop stays as
-`fused_recurrent_rwkv7`, a second, simpler implementation to check and time it against.
+The chunked kernel, `ltm.kernels.triton_chunk_rwkv7` (kernels/rwkv7/chunk.py), is what the model
+uses: on an H100 it took 2.68 against this loop's 22.2 ms fwd+bwd at 8,2048,8,128. The loop stays as
+`triton_fused_recurrent_rwkv7`, a second, simpler implementation to check and time it against.
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
     return dr, dw, dk, dv, da, db, dh0
 
 
-class ChunkRWKV7Function(torch.autograd.Function):
+class FusedRecurrentRWKV7Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r, w, k, v, a, b, initial_state, output_final_state):
@@ -191,7 +191,7 @@ class ChunkRWKV7Function(torch.autograd.Function):
         return (*grads, None)
 
 
-def fused_recurrent_rwkv7(
+def triton_fused_recurrent_rwkv7(
     r: torch.Tensor,
     w: torch.Tensor,
     k: torch.Tensor,
@@ -217,5 +217,5 @@ def fused_recurrent_rwkv7(
     """
     check_rwkv7_inputs(r, w, k, v, a, b, initial_state)
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    return ChunkRWKV7Function.apply(*(x.contiguous() for x in (r, w, k, v, a, b)), h0,
+    return FusedRecurrentRWKV7Function.apply(*(x.contiguous() for x in (r, w, k, v, a, b)), h0,
                                     output_final_state)

@@ -93,7 +93,7 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
     if op == "rwkv7":
         naive = _optional("ltm.ops.rwkv7.naive", "naive_rwkv7")
         torch_chunk = _optional("ltm.ops.rwkv7.chunk", "chunk_rwkv7")
-        ours = _optional("ltm.kernels", "chunk_rwkv7") if on_gpu else None
+        ours = _optional("ltm.kernels.rwkv7", "triton_chunk_rwkv7") if on_gpu else None
         fla = _optional("fla.ops.rwkv7", "chunk_rwkv7") if on_gpu else None
         args = lambda x: (x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])
         for name, fn in (("naive", naive), ("torch_chunk", torch_chunk), ("triton", ours), ("fla", fla)):
@@ -102,7 +102,7 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
         return impls
     naive = _optional("ltm.ops.delta_rule.naive", "naive_delta_rule")
     torch_chunk = _optional("ltm.ops.delta_rule.chunk", "chunk_delta_rule")
-    ours = _optional("ltm.kernels", "chunk_delta_rule") if on_gpu else None
+    ours = _optional("ltm.kernels.delta_rule", "triton_chunk_delta_rule") if on_gpu else None
     for name, fn in (("naive", naive), ("torch_chunk", torch_chunk), ("triton", ours)):
         if fn is not None:
             impls[name] = lambda x, fn=fn: fn(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]

@@ -18,7 +18,9 @@ from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kernels import delta_rule, rwkv7_chunk  # noqa: E402
+# the launcher modules of the chunked ops (the kernels themselves are in chunk_fwd / chunk_bwd)
+from ltm.kernels.delta_rule import chunk as delta_rule  # noqa: E402
+from ltm.kernels.rwkv7 import chunk as rwkv7_chunk  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}

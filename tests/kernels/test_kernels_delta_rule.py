@@ -3,11 +3,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.kernels import chunk_delta_rule
-from ltm.kernels.delta_rule import CHUNK
+from ltm.kernels.delta_rule import triton_chunk_delta_rule
+from ltm.kernels.delta_rule.chunk import CHUNK
 from ltm.ops.delta_rule.naive import naive_delta_rule
-from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference, case_id,
-                             fresh_seed, rel_err)
+from reference import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference, case_id,
+                       case_seed, rel_err)
 
 # (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
 # decay "none" (g=None), "weak" (g in [-0.05, 0]) or "strong" (g in [-10, 0] per token)
@@ -49,7 +49,7 @@ def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
 
 def run_both(xs, output_final_state=True):
     q, k, v, beta, g, h0 = xs
-    o, ht = chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=output_final_state)
+    o, ht = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=output_final_state)
     ref = [None if x is None else x.detach().double().requires_grad_() for x in xs]
     o_ref, ht_ref = naive_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=output_final_state)
     return (o, ht), (o_ref, ht_ref), ref
@@ -61,18 +61,18 @@ def run_both(xs, output_final_state=True):
 @pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
 def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
-    seed = fresh_seed()
+    seed = case_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    assert_matches_reference(chunk_delta_rule, naive_delta_rule, xs,
+    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
                              ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
 
 
 def test_without_final_state_and_with_scale():
-    seed = fresh_seed()
+    seed = case_seed()
     q, k, v, beta, g, h0 = make_inputs(1, 40, 2, 32, 32, "weak", True, torch.float32, seed)
-    o, ht = chunk_delta_rule(q, k, v, beta, g, scale=0.3, initial_state=h0)
+    o, ht = triton_chunk_delta_rule(q, k, v, beta, g, scale=0.3, initial_state=h0)
     assert ht is None
     ref = [x.detach().double().requires_grad_() for x in (q, k, v, beta, g, h0)]
     o_ref, _ = naive_delta_rule(*ref[:5], scale=0.3, initial_state=ref[5])
@@ -87,22 +87,22 @@ def test_bad_inputs_raise_one_line_errors():
     q = torch.zeros(1, 4, 2, 32, device=DEVICE)
     beta = torch.zeros(1, 4, 2, device=DEVICE)
     with pytest.raises(ValueError, match=r"^k must be \[B, T, H, K\]"):
-        chunk_delta_rule(q, q[:, :3], q, beta)
+        triton_chunk_delta_rule(q, q[:, :3], q, beta)
     with pytest.raises(ValueError, match=r"^beta must be \[B, T, H\]"):
-        chunk_delta_rule(q, q, q, beta[:, :3])
+        triton_chunk_delta_rule(q, q, q, beta[:, :3])
     with pytest.raises(ValueError, match="^v must have the dtype of the first input"):
-        chunk_delta_rule(q, q, q.half(), beta)
+        triton_chunk_delta_rule(q, q, q.half(), beta)
     with pytest.raises(ValueError, match="head size must be in"):
-        chunk_delta_rule(q, q, torch.zeros(1, 4, 2, 256, device=DEVICE), beta)
+        triton_chunk_delta_rule(q, q, torch.zeros(1, 4, 2, 256, device=DEVICE), beta)
     with pytest.raises(ValueError, match=r"^initial_state must be \[B, H, K, V\]"):
-        chunk_delta_rule(q, q, q, beta, initial_state=torch.zeros(1, 2, 32, 16, device=DEVICE))
+        triton_chunk_delta_rule(q, q, q, beta, initial_state=torch.zeros(1, 2, 32, 16, device=DEVICE))
 
 
 def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
     # the launcher's switch back to the slower inverse, kept so its cost can be re-measured
-    from ltm.kernels import delta_rule as module
+    from ltm.kernels.delta_rule import chunk as module
     monkeypatch.setattr(module, "INVERSE_BY_SQUARING", False)
-    seed = fresh_seed()
+    seed = case_seed()
     xs = make_inputs(1, 2 * CHUNK + 3, 2, 32, 32, "strong", True, torch.float32, seed)
     (o, ht), (o_ref, ht_ref), ref = run_both(xs)
     assert rel_err(o, o_ref) <= 1e-4 and rel_err(ht, ht_ref) <= 1e-4, f"seed={seed}"

@@ -1,13 +1,13 @@
-"""The Triton RWKV-7 token loop (fused_recurrent_rwkv7) against the float64 reference, forward
+"""The Triton RWKV-7 token loop (triton_fused_recurrent_rwkv7) against the float64 reference, forward
 and every gradient."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference,
-                             assert_matches_reference_without_final_state, case_id, fresh_seed)
-from ltm.kernels import fused_recurrent_rwkv7
-from ltm.kernels.rwkv7 import CHUNK
+from reference import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference,
+                       assert_matches_reference_without_final_state, case_id, case_seed)
+from ltm.kernels.rwkv7 import triton_fused_recurrent_rwkv7
+from ltm.kernels.rwkv7.fused_recurrent import CHUNK
 from ltm.ops.rwkv7.naive import naive_rwkv7
 
 # (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
@@ -42,15 +42,15 @@ def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
 @pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
 def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
-    seed = fresh_seed()
+    seed = case_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    assert_matches_reference(fused_recurrent_rwkv7, naive_rwkv7, xs,
+    assert_matches_reference(triton_fused_recurrent_rwkv7, naive_rwkv7, xs,
                              ("r", "w", "k", "v", "a", "b", "initial_state"), seed, tol_out, tol_grad)
 
 
 def test_without_final_state():
-    seed = fresh_seed()
+    seed = case_seed()
     xs = make_inputs(1, 9, 1, 32, 32, "weak", True, torch.float32, seed)
-    assert_matches_reference_without_final_state(fused_recurrent_rwkv7, naive_rwkv7, xs,
+    assert_matches_reference_without_final_state(triton_fused_recurrent_rwkv7, naive_rwkv7, xs,
                                                  ("r", "w", "k", "v", "a", "b", "h0"), seed, 1e-4)

@@ -3,11 +3,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_helpers import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference,
-                             assert_matches_reference_without_final_state, case_id, fresh_seed,
-                             rel_err)
-from ltm.kernels import rwkv7_chunk
-from ltm.kernels.rwkv7_chunk import CHUNK, FAST_SPAN, chunk_rwkv7
+from reference import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_reference,
+                       assert_matches_reference_without_final_state, case_id, case_seed,
+                       rel_err)
+from ltm.kernels.rwkv7 import chunk as rwkv7_chunk, triton_chunk_rwkv7
+from ltm.kernels.rwkv7.chunk import CHUNK, FAST_SPAN
 from ltm.ops.rwkv7.naive import naive_rwkv7
 
 # (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks
@@ -57,10 +57,10 @@ def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
 def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
     if not ON_GPU and dtype == torch.bfloat16 and (K < 64 or T > 2 * CHUNK):
         pytest.skip("the interpreter checks the bf16 path on a few small cases only")
-    seed = fresh_seed()
+    seed = case_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    assert_matches_reference(chunk_rwkv7, naive_rwkv7, xs,
+    assert_matches_reference(triton_chunk_rwkv7, naive_rwkv7, xs,
                              ("r", "w", "k", "v", "a", "b", "initial_state"), seed, tol_out, tol_grad)
 
 
@@ -69,27 +69,27 @@ def test_both_in_chunk_paths(fast_span, monkeypatch):
     # moderate decay (chunk spans up to about 30) runs either path: FAST_SPAN = 0 sends every
     # chunk through the exact column loops, the default every chunk through the products
     monkeypatch.setattr(rwkv7_chunk, "FAST_SPAN", fast_span)
-    seed = fresh_seed()
+    seed = case_seed()
     xs = make_inputs(1, 2 * CHUNK + 5, 2, 32, 64, "weak", True, torch.float32, seed)
     with torch.no_grad():
         xs[1].mul_(40)
-    assert_matches_reference(chunk_rwkv7, naive_rwkv7, xs, ("r", "w", "k", "v", "a", "b", "h0"),
+    assert_matches_reference(triton_chunk_rwkv7, naive_rwkv7, xs, ("r", "w", "k", "v", "a", "b", "h0"),
                              seed, 1e-4, 1e-4)
 
 
 def test_without_final_state():
-    seed = fresh_seed()
+    seed = case_seed()
     xs = make_inputs(1, CHUNK + 9, 1, 32, 32, "strong", True, torch.float32, seed)
-    assert_matches_reference_without_final_state(chunk_rwkv7, naive_rwkv7, xs,
+    assert_matches_reference_without_final_state(triton_chunk_rwkv7, naive_rwkv7, xs,
                                                  ("r", "w", "k", "v", "a", "b", "h0"), seed, 1e-4)
 
 
 def test_final_state_only_gradient():
     # the loss sees the final state alone: dw comes only from the sum_v(ht dht) term and the
     # chunk totals, and do is zero
-    seed = fresh_seed()
+    seed = case_seed()
     xs = make_inputs(1, 2 * CHUNK + 3, 1, 32, 32, "weak", False, torch.float32, seed)[:6]
-    _, ht = chunk_rwkv7(*xs, output_final_state=True)
+    _, ht = triton_chunk_rwkv7(*xs, output_final_state=True)
     ref = [x.detach().double().requires_grad_() for x in xs]
     _, ht_ref = naive_rwkv7(*ref, output_final_state=True)
     gen = torch.Generator().manual_seed(seed + 1)

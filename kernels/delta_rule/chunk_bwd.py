@@ -1,0 +1,187 @@
+"""Backward kernels of the chunked (gated) delta rule; `chunk.py` launches them and gives the maths.
+
+`_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients.
+`_bwd_state_kernel` (sequential, backwards over chunks): the rest of dD and of the state gradients.
+`_bwd_chunk_kernel` (chunk-parallel): dq, dk, dv, dbeta, dg.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ltm.kernels.common import dot, rounded
+
+
+@triton.jit
+def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    # the parts of dD and of the state gradient that need no later chunk, every chunk in
+    # parallel: dD = (causal exp(G_i - G_j) Q K^T)^T dO into dd, (exp(G) Q)^T dO into dh;
+    # `_bwd_state_kernel` adds the terms that flow back from later chunks
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    qk = dot(b_q, tl.trans(b_k), PRECISION)
+    qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    tl.store(p_dd, dot(tl.trans(qk), b_do, PRECISION), boundary_check=(0, 1))
+    b_qg = b_q * tl.where(valid, tl.exp(b_G), 0.)[:, None]
+    tl.store(p_dh, dot(tl.trans(b_qg), b_do, PRECISION), boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
+                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
+    # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
+    # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    # (BK, BV): gradient of the state leaving the current chunk
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        p_dht = tl.make_block_ptr(dht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_ds += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        rows = i_t * BT + idx
+        valid = rows < T
+        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
+        b_local = tl.load(p_dh, boundary_check=(0, 1))
+        tl.store(p_dh, b_ds, boundary_check=(0, 1))
+        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+        last = tl.minimum(T - i_t * BT, BT) - 1
+        G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+        k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+        b_dd = tl.load(p_dd, boundary_check=(0, 1))
+        b_dd += dot(b_k * k_decay[:, None], b_ds, PRECISION)
+        tl.store(p_dd, b_dd, boundary_check=(0, 1))
+        b_ds = b_ds * tl.exp(G_last) + b_local - dot(tl.trans(b_w), b_dd, PRECISION)
+    if STORE_DH0:
+        p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh0, b_ds, boundary_check=(0, 1))
+
+
+@triton.jit
+def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg,
+                      scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
+    strict = (idx[:, None] > idx[None, :]) & valid[:, None]
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    b_linv = tl.load(linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :])
+    last = tl.minimum(T - i_t * BT, BT) - 1
+    G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+    e_G = tl.exp(b_G)
+    k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    # (BT, BT): dO D^T, and the gradient of L (before the sign and the strict-lower mask)
+    b_r = tl.zeros([BT, BT], dtype=tl.float32)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    b_dG = tl.zeros([BT], dtype=tl.float32)
+    dG_last = 0.
+    for i_v in range(tl.cdiv(V, BV)):
+        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tv = (i_b * T * H + i_h) * V
+        p_v = tl.make_block_ptr(v + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_u = tl.make_block_ptr(u + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_d = tl.make_block_ptr(d + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dd = tl.make_block_ptr(dd + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dv = tl.make_block_ptr(dv + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_h = tl.load(p_h, boundary_check=(0, 1))
+        b_dh = tl.load(p_dh, boundary_check=(0, 1))
+        b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
+        b_u = tl.load(p_u, boundary_check=(0, 1))
+        b_d = tl.load(p_d, boundary_check=(0, 1))
+        b_dd = tl.load(p_dd, boundary_check=(0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+        # output through the entering state: O += exp(G) Q S0
+        dq_state = e_G[:, None] * dot(b_do, tl.trans(b_h), PRECISION)
+        b_dq += dq_state
+        b_dG += tl.sum(b_q * dq_state, axis=1)
+        b_r += dot(b_do, tl.trans(b_d), PRECISION)
+        # leaving state: S_BT += (exp(G_last - G) K)^T D
+        dk_state = k_decay[:, None] * dot(b_d, tl.trans(b_dh), PRECISION)
+        b_dk += dk_state
+        sk = tl.sum(b_k * dk_state, axis=1)
+        b_dG -= sk
+        dG_last += tl.sum(sk) + tl.exp(G_last) * tl.sum(b_h * b_dh)
+        # D = U - W S0 with U = L^-1 (beta V)
+        b_dw -= dot(b_dd, tl.trans(b_h), PRECISION)
+        b_dyv = dot(tl.trans(b_linv), b_dd, PRECISION)
+        tl.store(p_dv, rounded(b_dyv * b_beta[:, None], p_dv.dtype.element_ty), boundary_check=(0, 1))
+        b_dbeta += tl.sum(b_dyv * b_v, axis=1)
+        b_da += dot(b_dyv, tl.trans(b_u), PRECISION)
+    p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    b_w = tl.load(p_w, boundary_check=(0, 1))
+    # W = L^-1 (beta exp(G) K)
+    b_dyk = dot(tl.trans(b_linv), b_dw, PRECISION)
+    b_dk += b_dyk * (b_beta * e_G)[:, None]
+    dyk_k = tl.sum(b_dyk * b_k, axis=1)
+    b_dbeta += dyk_k * e_G
+    b_dG += dyk_k * b_beta * e_G
+    b_da += dot(b_dyk, tl.trans(b_w), PRECISION)
+    # A_ij = beta_i k_i.k_j exp(G_i - G_j), strictly lower
+    b_da = tl.where(strict, -b_da, 0.)
+    gamma = tl.where(strict, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    kk = dot(b_k, tl.trans(b_k), PRECISION)
+    da_kk = b_da * kk * gamma
+    b_dbeta += tl.sum(da_kk, axis=1)
+    p_a = da_kk * b_beta[:, None]
+    b_dG += tl.sum(p_a, axis=1) - tl.sum(p_a, axis=0)
+    dkk = b_da * b_beta[:, None] * gamma
+    b_dk += dot(dkk, b_k, PRECISION)
+    b_dk += dot(tl.trans(dkk), b_k, PRECISION)
+    # in-chunk scores: O += (causal exp(G_i - G_j) Q K^T) D
+    b_ds = b_r * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    b_dq += dot(b_ds, b_k, PRECISION)
+    b_dk += dot(tl.trans(b_ds), b_q, PRECISION)
+    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION)
+    b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
+    b_dG += tl.where(idx == last, dG_last, 0.)
+    b_dG = tl.where(valid, b_dG, 0.)
+    # G is a cumulative sum of g inside the chunk: dg_j = sum_{i >= j} dG_i
+    b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
+    p_dq = tl.make_block_ptr(dq + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    tl.store(p_dq, rounded(b_dq * scale, p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, rounded(b_dk, p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, rounded(b_dbeta, dbeta.dtype.element_ty), mask=valid)
+    tl.store(dg + (i_b * T + rows) * H + i_h, rounded(b_dg, dg.dtype.element_ty), mask=valid)

@@ -1,0 +1,204 @@
+"""Forward kernels of the chunked (gated) delta rule; `chunk.py` launches them and gives the maths.
+
+`_prep_fwd_kernel` (chunk-parallel): the in-chunk cumulative log decay G, L^-1 block by block,
+W = L^-1 (beta exp(G) K) and U = L^-1 (beta V). `_fwd_kernel` (sequential over chunks): the state
+entering each chunk and the applied deltas D = U - W S0. `_output_kernel` (chunk-parallel): O.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ltm.kernels.common import dot, invert_unit_lower, invert_unit_lower_by_squaring, load_rows, rounded, store_rows
+
+
+@triton.jit
+def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
+    """One (BC, BC) block of A = beta_i k_i.k_j exp(G_i - G_j), zero where `mask` is false."""
+    kk = dot(k_i, tl.trans(k_j), PRECISION)
+    return tl.where(mask, beta_i[:, None] * kk * tl.exp(G_i[:, None] - G_j[None, :]), 0.)
+
+
+@triton.jit
+def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr):
+    # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
+    # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
+    tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
+    BC: tl.constexpr = 16
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BC)
+    t0 = i_t * BT
+    rows0, rows1, rows2, rows3 = t0 + idx, t0 + BC + idx, t0 + 2 * BC + idx, t0 + 3 * BC + idx
+    m0, m1, m2, m3 = rows0 < T, rows1 < T, rows2 < T, rows3 < T
+    k0 = load_rows(k, i_b, i_h, T, H, K, t0, BC, BK)
+    k1 = load_rows(k, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    k2 = load_rows(k, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    k3 = load_rows(k, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    pb = beta + (i_b * T) * H + i_h
+    b0 = tl.load(pb + rows0 * H, mask=m0, other=0.).to(tl.float32)
+    b1 = tl.load(pb + rows1 * H, mask=m1, other=0.).to(tl.float32)
+    b2 = tl.load(pb + rows2 * H, mask=m2, other=0.).to(tl.float32)
+    b3 = tl.load(pb + rows3 * H, mask=m3, other=0.).to(tl.float32)
+    pg = g + (i_b * T) * H + i_h
+    G0 = tl.cumsum(tl.load(pg + rows0 * H, mask=m0, other=0.).to(tl.float32), axis=0)
+    G1 = tl.cumsum(tl.load(pg + rows1 * H, mask=m1, other=0.).to(tl.float32), axis=0)
+    G2 = tl.cumsum(tl.load(pg + rows2 * H, mask=m2, other=0.).to(tl.float32), axis=0)
+    G3 = tl.cumsum(tl.load(pg + rows3 * H, mask=m3, other=0.).to(tl.float32), axis=0)
+    G1 += tl.sum(tl.where(idx == BC - 1, G0, 0.))
+    G2 += tl.sum(tl.where(idx == BC - 1, G1, 0.))
+    G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
+    # rows past the end of the sequence are masked out: exp(G_i - G_j) is meaningless there
+    strict = idx[:, None] > idx[None, :]
+    a00 = _a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION)
+    a11 = _a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION)
+    a22 = _a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION)
+    a33 = _a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION)
+    if SQUARING:
+        x00 = invert_unit_lower_by_squaring(a00, BC, INV_PRECISION)
+        x11 = invert_unit_lower_by_squaring(a11, BC, INV_PRECISION)
+        x22 = invert_unit_lower_by_squaring(a22, BC, INV_PRECISION)
+        x33 = invert_unit_lower_by_squaring(a33, BC, INV_PRECISION)
+    else:
+        x00 = invert_unit_lower(a00, BC)
+        x11 = invert_unit_lower(a11, BC)
+        x22 = invert_unit_lower(a22, BC)
+        x33 = invert_unit_lower(a33, BC)
+    a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
+    a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
+    a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
+    a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
+    a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
+    a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
+    # L^-1 is built in INV_PRECISION (tf32, or tf32x3 on the float32-level path) also when the
+    # tiles are bf16: only its products with K and V below take PRECISION
+    x10 = -dot(x11, dot(a10, x00, INV_PRECISION), INV_PRECISION)
+    x21 = -dot(x22, dot(a21, x11, INV_PRECISION), INV_PRECISION)
+    x32 = -dot(x33, dot(a32, x22, INV_PRECISION), INV_PRECISION)
+    s20 = dot(a20, x00, INV_PRECISION) + dot(a21, x10, INV_PRECISION)
+    x20 = -dot(x22, s20, INV_PRECISION)
+    s31 = dot(a31, x11, INV_PRECISION) + dot(a32, x21, INV_PRECISION)
+    x31 = -dot(x33, s31, INV_PRECISION)
+    s30 = dot(a30, x00, INV_PRECISION) + dot(a31, x10, INV_PRECISION) + dot(a32, x20, INV_PRECISION)
+    x30 = -dot(x33, s30, INV_PRECISION)
+    # W = L^-1 (beta exp(G) K), row block by row block
+    y0, y1 = k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None]
+    y2, y3 = k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None]
+    store_rows(w, dot(x00, y0, PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
+    w1 = dot(x10, y0, PRECISION) + dot(x11, y1, PRECISION)
+    store_rows(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
+    w2 = (dot(x20, y0, PRECISION) + dot(x21, y1, PRECISION)
+          + dot(x22, y2, PRECISION))
+    store_rows(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
+    w3 = (dot(x30, y0, PRECISION) + dot(x31, y1, PRECISION)
+          + dot(x32, y2, PRECISION) + dot(x33, y3, PRECISION))
+    store_rows(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    # U = L^-1 (beta V)
+    z0 = load_rows(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
+    z1 = load_rows(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
+    z2 = load_rows(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
+    z3 = load_rows(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
+    store_rows(u, dot(x00, z0, PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
+    u1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
+    store_rows(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
+    u2 = (dot(x20, z0, PRECISION) + dot(x21, z1, PRECISION)
+          + dot(x22, z2, PRECISION))
+    store_rows(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
+    u3 = (dot(x30, z0, PRECISION) + dot(x31, z1, PRECISION)
+          + dot(x32, z2, PRECISION) + dot(x33, z3, PRECISION))
+    store_rows(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
+    pG = gcum + (i_b * T) * H + i_h
+    tl.store(pG + rows0 * H, G0, mask=m0)
+    tl.store(pG + rows1 * H, G1, mask=m1)
+    tl.store(pG + rows2 * H, G2, mask=m2)
+    tl.store(pG + rows3 * H, G3, mask=m3)
+    # the full (BT, BT) L^-1 for the backward, upper blocks zero
+    p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    l_dtype = linv.dtype.element_ty
+    tl.store(p_l, rounded(x00, l_dtype))
+    tl.store(p_l + BC, rounded(zero, l_dtype))
+    tl.store(p_l + 2 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + BC * BT, rounded(x10, l_dtype))
+    tl.store(p_l + BC * BT + BC, rounded(x11, l_dtype))
+    tl.store(p_l + BC * BT + 2 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + BC * BT + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 2 * BC * BT, rounded(x20, l_dtype))
+    tl.store(p_l + 2 * BC * BT + BC, rounded(x21, l_dtype))
+    tl.store(p_l + 2 * BC * BT + 2 * BC, rounded(x22, l_dtype))
+    tl.store(p_l + 2 * BC * BT + 3 * BC, rounded(zero, l_dtype))
+    tl.store(p_l + 3 * BC * BT, rounded(x30, l_dtype))
+    tl.store(p_l + 3 * BC * BT + BC, rounded(x31, l_dtype))
+    tl.store(p_l + 3 * BC * BT + 2 * BC, rounded(x32, l_dtype))
+    tl.store(p_l + 3 * BC * BT + 3 * BC, rounded(x33, l_dtype))
+
+
+@triton.jit
+def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
+                STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+    # the sequential part only: the state entering each chunk and the deltas D; the outputs are
+    # computed afterwards, all chunks in parallel, by `_output_kernel`
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_h0 = tl.make_block_ptr(h0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_s += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+    for i_t in range(NT):
+        rows = i_t * BT + idx
+        valid = rows < T
+        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_h, rounded(b_s, p_h.dtype.element_ty), boundary_check=(0, 1))
+        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_u = tl.load(p_u, boundary_check=(0, 1))
+        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+        last = tl.minimum(T - i_t * BT, BT) - 1
+        G_last = tl.sum(tl.where(idx == last, b_G, 0.))
+        b_d = b_u - dot(b_w, b_s, PRECISION)
+        tl.store(p_d, rounded(b_d, p_d.dtype.element_ty), boundary_check=(0, 1))
+        k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
+        b_s = b_s * tl.exp(G_last) + dot(tl.trans(b_k * k_decay[:, None]), b_d, PRECISION)
+    if STORE_HT:
+        p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_ht, b_s, boundary_check=(0, 1))
+
+
+@triton.jit
+def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    # O = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D], every chunk in parallel
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    rows = i_t * BT + idx
+    valid = rows < T
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
+    p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    # under torch.compile the Python float `scale` arrives as fp64: keep q in fp32
+    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
+    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+    b_s = tl.load(p_h, boundary_check=(0, 1))
+    b_d = tl.load(p_d, boundary_check=(0, 1))
+    qk = dot(b_q, tl.trans(b_k), PRECISION)
+    qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    b_o = dot(b_q * tl.exp(b_G)[:, None], b_s, PRECISION)
+    b_o += dot(qk, b_d, PRECISION)
+    tl.store(p_o, rounded(b_o, p_o.dtype.element_ty), boundary_check=(0, 1))
