@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,22 +298,22 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        self.pending.append((self.step, loss_sum))
+        self.pending.append((self.step, loss_sum, self.elapsed()))
 
     def flush(self) -> None:
         """Bring the pending train losses to the host (one wait for the device); stop on NaN/inf."""
         if not self.pending:
             return
-        losses = torch.stack([loss for _, loss in self.pending])
+        losses = torch.stack([loss for _, loss, _ in self.pending])
         if self.world > 1:
             dist.all_reduce(losses)
             losses /= self.world
-        for (step, _), value in zip(self.pending, losses.tolist()):
+        for (step, _, seconds), value in zip(self.pending, losses.tolist()):
             if not math.isfinite(value):
                 kept = (f"the last good checkpoint, step {self.last_saved}, is kept at {self.path}"
                         if self.last_saved is not None else "no checkpoint was written")
                 raise TrainingDiverged(f"train loss is {value} at step {step}: stopped; {kept}")
-            self.history.append({"step": step, "split": "train", "loss": value})
+            self.history.append({"step": step, "split": "train", "loss": value, "seconds": seconds})
         self.pending = []
 
     def run(self) -> TrainResult:
@@ -330,13 +331,17 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
                    disable=not self.progress or self.rank != 0)
         batches, started = self.loader(), time.perf_counter()
+        # wall-clock seconds of this run, continued from the last row of a resumed history
+        self.clock = (started, self.history[-1].get("seconds", 0.0) if self.history else 0.0)
         while self.step < cfg.steps:
             self.train_step(batches, timing)
             if self.step - start_step == warm:
                 self.synchronize()
-                timing.update(data_wait=0.0, excluded=0.0, start=time.perf_counter())
+                timing.update(data_wait=0.0, excluded=0.0, start=time.perf_counter(), rates=[])
+                timing["mark"] = (self.step, timing["start"], 0.0)
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.flush()
+                self.mark_window(timing)
                 bar.set_postfix(loss=f"{self.history[-1]['loss']:.3f}",
                                 tok_s=f"{self.tokens_per_s(timing, start_step + warm):,.0f}")
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -353,7 +358,8 @@ class Trainer:
     def validate(self, val) -> None:
         loss = evaluate(self.step_model, val, self.cfg, self.batch_size, self.sw, self.device,
                         self.rank, self.world)
-        self.history.append({"step": self.step, "split": "val", "loss": loss})
+        self.history.append({"step": self.step, "split": "val", "loss": loss,
+                             "seconds": self.elapsed()})
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -366,6 +372,22 @@ class Trainer:
         work()
         self.synchronize()
         timing["excluded"] += time.perf_counter() - begin
+
+    def elapsed(self) -> float:
+        started, offset = getattr(self, "clock", (time.perf_counter(), 0.0))
+        return round(offset + time.perf_counter() - started, 3)
+
+    def mark_window(self, timing: dict) -> None:
+        """tokens/s of the window since the last mark (evaluation and checkpoints left out): their
+        spread is the noise of the run's tokens/s that the report compares changes against."""
+        if "mark" not in timing:
+            return
+        step, begin, excluded = timing["mark"]
+        now = time.perf_counter()
+        seconds = now - begin - (timing["excluded"] - excluded)
+        if self.step > step and seconds > 0:
+            timing["rates"].append((self.step - step) * self.tokens_per_step() / seconds)
+        timing["mark"] = (self.step, now, timing["excluded"])
 
     def tokens_per_s(self, timing: dict, timed_from: int) -> float:
         seconds = time.perf_counter() - timing["start"] - timing["excluded"]
@@ -399,6 +421,9 @@ class Trainer:
             "train_loss": train[-1], "train_loss_last10": sum(train[-10:]) / len(train[-10:]),
             "val_loss": val[-1],
             "tokens_per_s": None if math.isnan(tokens_per_s) else round(tokens_per_s, 1),
+            # the standard deviation of tokens/s over the logging windows (None under two)
+            "tokens_per_s_noise": round(statistics.stdev(timing["rates"]), 1)
+            if len(timing.get("rates", [])) >= 2 else None,
             "timed_steps": self.step - timed_from, "flops_per_token": flops,
             "mfu": None if peak is None or math.isnan(tokens_per_s)
             else round(flops * tokens_per_s / (peak * self.world), 4),
@@ -417,12 +442,22 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str,
 
 
 def write_outputs(result: TrainResult, metrics_path: str | Path, plot_path: str | Path) -> None:
-    """train.json for `dvc metrics`, the loss curves in long format for `dvc plots`."""
-    for path in (Path(metrics_path), Path(plot_path)):
+    """train.json for `dvc metrics`; the loss curves for `dvc plots`: the train rows in plot_path,
+    the validation rows beside it (val_loss.csv), so each is its own series, never one line that
+    jumps between them."""
+    plot_path = Path(plot_path)
+    for path in (Path(metrics_path), plot_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(result.metrics, indent=1) + "\n")
-    rows = ["step,split,loss"] + [f"{r['step']},{r['split']},{r['loss']!r}" for r in result.history]
-    Path(plot_path).write_text("\n".join(rows) + "\n")
+    for split, path in (("train", plot_path), ("val", val_curve_path(plot_path))):
+        rows = ["step,seconds,loss"] + [f"{r['step']},{r.get('seconds', '')},{r['loss']!r}"
+                                         for r in result.history if r["split"] == split]
+        path.write_text("\n".join(rows) + "\n")
+
+
+def val_curve_path(plot_path: str | Path) -> Path:
+    """Where write_outputs puts the validation curve: val_loss.csv beside the train curve."""
+    return Path(plot_path).with_name("val_loss.csv")
 
 
 def load_configs(params_path: str | Path,

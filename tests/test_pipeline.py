@@ -77,7 +77,8 @@ def test_every_stage_ran_and_wrote_its_outputs(workbook):
         assert (clone / "reports" / "notebooks" / f"{stage}.ipynb").is_file()
     train = json.loads((clone / "reports/metrics/train.json").read_text())
     assert train["steps"] == 12 and np.isfinite(train["val_loss"])
-    assert (clone / "reports/plots/train_loss.csv").read_text().startswith("step,split,loss")
+    assert (clone / "reports/plots/train_loss.csv").read_text().startswith("step,seconds,loss")
+    assert (clone / "reports/plots/val_loss.csv").read_text().startswith("step,seconds,loss")
     page = (clone / "reports/report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3
 

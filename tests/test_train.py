@@ -220,6 +220,13 @@ def run_to_completion(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def curve(path: Path) -> list[tuple[int, float]]:
+    """(step, loss) rows of a loss-curve CSV (step,seconds,loss): wall-clock seconds differ
+    between runs, the losses must not."""
+    rows = [line.split(",") for line in path.read_text().split()[1:]]
+    return [(int(step), float(loss)) for step, _, loss in rows]
+
+
 def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
     model = dict(n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
     train = dict(steps=24, batch_size=4, seq_len=16, warmup_steps=4, eval_every=12, eval_batches=2,
@@ -244,8 +251,9 @@ def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
     assert 3 <= step < 24 and not (killed / "train.json").exists()
 
     run_to_completion(cli(params, killed))
-    assert (killed / "loss.csv").read_text() == (tmp_path / "whole" / "loss.csv").read_text(), \
-        f"killed at step {step}, seed {train['seed']}"
+    for name in ("loss.csv", "val_loss.csv"):
+        assert curve(killed / name) == curve(whole_dir / name), \
+            f"{name}: killed at step {step}, seed {train['seed']}"
     whole = json.loads((tmp_path / "whole" / "train.json").read_text())
     resumed = json.loads((killed / "train.json").read_text())
     assert resumed["val_loss"] == whole["val_loss"] and resumed["train_loss"] == whole["train_loss"]
@@ -266,7 +274,7 @@ def test_two_ddp_processes_match_one_on_the_same_global_batch(cache_dir, tmp_pat
     single = json.loads((tmp_path / "one" / "train.json").read_text())
     ddp = json.loads((tmp_path / "two" / "train.json").read_text())
     assert ddp["world_size"] == 2 and ddp["tokens_per_step"] == single["tokens_per_step"]
-    rows = [[float(line.split(",")[2]) for line in (tmp_path / d / "loss.csv").read_text().split()[1:]]
+    rows = [[loss for _, loss in curve(tmp_path / d / "loss.csv") + curve(tmp_path / d / "val_loss.csv")]
             for d in ("one", "two")]
     assert len(rows[0]) == 4 and rel_diff(rows[1], rows[0]) < 1e-5, f"{rows} (seed {train['seed']})"
 
@@ -281,7 +289,11 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
     assert result.metrics["mixer"] == "deltanet" and result.metrics["steps"] == 3
     assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
-    assert lines[0] == "step,split,loss" and lines[-1].startswith("3,val,") and len(lines) == 5
+    assert lines[0] == "step,seconds,loss" and lines[-1].startswith("3,") and len(lines) == 4
+    val = (tmp_path / "p" / "val_loss.csv").read_text().split()
+    assert val[0] == "step,seconds,loss" and val[1].startswith("3,") and len(val) == 2
+    seconds = [float(line.split(",")[1]) for line in lines[1:]]
+    assert seconds == sorted(seconds) and seconds[0] >= 0
     with pytest.raises(ParamsError, match="--set: 'train' is not of the form section.key=value"):
         train_stage(params, str(tmp_path / "ckpt"), tmp_path / "m.json", tmp_path / "p.csv",
                     overrides=["train"], progress=False)
