@@ -168,8 +168,7 @@ def test_batch_size_auto_falls_back_on_the_cpu(cache_dir, tmp_path, capsys):
     assert "memory is not probed on the CPU" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not os.environ.get("LTM_SLOW_TESTS"), reason="torch.compile on a CPU takes "
-                    "minutes; set LTM_SLOW_TESTS=1")
+# torch.compile is on by default on CUDA: its CPU counterpart runs in CI, not behind a variable
 def test_compile_trains_like_eager(cache_dir, tmp_path):
     model_cfg, eager = tiny()
     _, compiled = tiny(seed=eager.seed, opt={"compile": True})
