@@ -12,7 +12,7 @@ of one chunk of logits, (rows, V) with rows * V <= CHUNK_LOGITS, whatever N is.
 `cross_entropy_reference` is the plain form the chunked one is tested against.
 
 With latent thoughts, each sequence's latent vectors come from a short optimisation of their
-posterior (`infer_latents`, the fast loop) before the decoder's step (the slow loop).
+posterior (ltm.latent, the fast loop) before the decoder's step (the slow loop).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
+    from ltm.latent import LatentConfig
     from ltm.model import LTM
 
 IGNORE_INDEX = -100
@@ -140,42 +141,27 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk_rows, ignore_index, compile)
 
 
-def infer_latents(nll, shape: tuple[int, ...], steps: int, lr: float, device: torch.device,
-                  ) -> torch.Tensor:
-    """Latent thought vectors for a batch: the fast, inner loop of latent-thought training.
-
-    Each sequence gets its own Gaussian posterior q(z) = N(mu, sigma^2) over z of `shape`
-    (B, n_layers * n_latent, d_model), fitted by `steps` Adam steps on the negative ELBO
-        nll(z) + KL(q || N(0, I)) / tokens,   z = mu + sigma * eps (reparameterised),
-    where nll(z) -> (mean loss per token, tokens) is the decoder's loss given z. Only mu and sigma
-    are updated here; the decoder's gradients are not touched. Returns a sample of the fitted
-    posterior, detached: the slow, outer loop then trains the decoder given it.
-    """
-    mu = torch.zeros(shape, device=device, requires_grad=True)
-    # sigma starts at 1, the prior's
-    log_sigma = torch.zeros(shape, device=device, requires_grad=True)
-    optimizer = torch.optim.Adam([mu, log_sigma], lr=lr)
-    for _ in range(steps):
-        z = mu + log_sigma.exp() * torch.randn_like(mu)
-        loss, tokens = nll(z)
-        kl = 0.5 * (mu.square() + (2 * log_sigma).exp() - 1 - 2 * log_sigma).sum()
-        grads = torch.autograd.grad(loss + kl / tokens, [mu, log_sigma])
-        mu.grad, log_sigma.grad = grads
-        optimizer.step()
-    with torch.no_grad():
-        return mu + log_sigma.exp() * torch.randn_like(mu)
-
-
 class LossModel(nn.Module):
-    """The model plus its loss, as one module, so DDP and torch.compile see the whole step. With
-    latent thoughts (model.n_latent > 0, latent_steps > 0) each batch first gets its latents
-    from the inner loop (ltm.losses.infer_latents), then the loss given them."""
+    """The model plus its loss, as one module, so DDP and torch.compile see the whole step.
 
-    def __init__(self, model: LTM, fused_loss: bool, compile: bool, latent_steps: int,
-                 latent_lr: float) -> None:
+    With latent thoughts (model.n_latent > 0 and latent.steps > 0) each batch first gets its
+    posterior q(z) from the inner loop (ltm.latent.PosteriorFitter: latent.steps steps on the
+    negative ELBO, only q's parameters updated), then the decoder's loss is the mean token
+    cross-entropy given one sample of q, detached: the slow step, as in Latent Thought Models.
+    latent: the train.latent section (None = its defaults); compile also compiles the inner step
+    when latent.compile is auto."""
+
+    def __init__(self, model: LTM, fused_loss: bool, compile: bool,
+                 latent: LatentConfig | None = None) -> None:
+        # imported here: ltm.latent imports IGNORE_INDEX from this module
+        from ltm.latent import LatentConfig, decoder_fitter
         super().__init__()
         self.model, self.fused_loss, self.compile = model, fused_loss, compile
-        self.latent_steps, self.latent_lr = latent_steps, latent_lr
+        self.latent = LatentConfig() if latent is None else latent
+        self.uses_latents = model.cfg.n_latent > 0 and self.latent.steps > 0
+        compile_inner = compile if self.latent.compile == "auto" else self.latent.compile
+        # a plain attribute, not a submodule: it holds the model, which is registered above
+        self.fitter = decoder_fitter(model, self.latent, compile_inner) if self.uses_latents else None
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         if not self.fused_loss:
@@ -184,20 +170,18 @@ class LossModel(nn.Module):
         return chunked_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = None
-        if self.model.cfg.n_latent > 0 and self.latent_steps > 0:
-            z = self.posterior_sample(x, y)
+        z = self.posterior_sample(x, y) if self.uses_latents else None
         return self.loss(x, y, z)
 
-    # an optimisation loop with its own autograd calls: left to eager mode
+    # a Python loop of inner steps (each compiled by itself when asked): kept out of the
+    # compiled training step
     @torch.compiler.disable
     def posterior_sample(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        cfg = self.model.cfg
-        shape = (x.shape[0], cfg.n_layers * cfg.n_latent, cfg.d_model)
-        # evaluation runs under no_grad, but the inner loop needs gradients with respect to z
-        with torch.enable_grad():
-            return infer_latents(lambda z: (self.loss(x, y, z), y.numel()), shape,
-                                 self.latent_steps, self.latent_lr, x.device)
+        """One sample z (B, n_layers * n_latent, d_model) of the posterior fitted to (x, y),
+        detached: the inner loop's own noise when latent.reuse_noise."""
+        from ltm.latent import latent_shape
+        post = self.fitter.fit((x, y), latent_shape(self.model.cfg, x.shape[0]))
+        return post.sample()
 
 
 # a loop with its own backward, left out of the model's graph; with compile on, it compiles the

@@ -33,6 +33,7 @@ from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, open_source, with_vocab
 from ltm.cache import cache_dir_of
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
+from ltm.latent import LatentConfig, validation_metrics
 from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, read_params, to_dict
@@ -85,23 +86,20 @@ class TrainConfig:
     log_every: int = 10  # steps between progress updates (each one waits for the device)
     timing_warmup: int = 5  # first steps left out of tokens/s (compilation, allocator warm-up)
     memory_fraction: float = 0.85  # batch_size auto: share of GPU memory a step may use
-    # latent thoughts (model.n_latent > 0): Adam steps fitting each batch's latent posterior
-    # before the decoder's step (0 = train without latents), and their learning rate
-    latent_steps: int = 4
-    latent_lr: float = 0.3
+    # latent thoughts (model.n_latent > 0): each batch's posterior and its inner loop
+    latent: LatentConfig = field(default_factory=LatentConfig)
     opt: OptConfig = field(default_factory=OptConfig)
 
     def __post_init__(self):
         for name in ("steps", "seq_len", "grad_accum", "eval_every", "eval_batches", "log_every"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "checkpoint_every", "timing_warmup", "latent_steps"):
+        for name in ("warmup_steps", "checkpoint_every", "timing_warmup"):
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         check(self.batch_size == "auto" or self.batch_size >= 1, "batch_size",
               f"must be >= 1 or auto, got {self.batch_size}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
         check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
-        check(self.latent_lr > 0, "latent_lr", f"must be > 0, got {self.latent_lr}")
         check(0 < self.memory_fraction <= 1, "memory_fraction",
               f"must be in (0, 1], got {self.memory_fraction}")
 
@@ -169,27 +167,51 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@torch.no_grad()
-def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: Switches,
-             device: torch.device, rank: int, world: int) -> float:
-    """Mean loss over the first eval_batches validation batches of one global batch each
-    (batch_size * grad_accum * world sequences), each process taking its share of the rows in
-    pieces of batch_size: the result does not depend on how the global batch is split."""
-    loss_model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, rows)
+def _unwrap(loss_model: nn.Module) -> LossModel:
+    """The LossModel inside torch.compile's and DDP's wrappers."""
+    while not isinstance(loss_model, LossModel):
+        loss_model = (loss_model._orig_mod if hasattr(loss_model, "_orig_mod")
+                      else loss_model.module)
+    return loss_model
+
+
+def _val_pieces(val, cfg: TrainConfig, batch_size: int, device: torch.device, rank: int,
+                world: int):
+    """This process's share of the first eval_batches validation batches of one global batch each
+    (batch_size * grad_accum * world sequences), in pieces (x, y) of at most batch_size rows."""
     share = batch_size * cfg.grad_accum
     for x, y in val.eval_batches(share * world, cfg.seq_len, cfg.eval_batches):
         for start in range(rank * share, min((rank + 1) * share, len(x)), batch_size):
             rows = slice(start, min(start + batch_size, (rank + 1) * share, len(x)))
-            with autocast(device, sw.amp):
-                loss = loss_model(x[rows].to(device), y[rows].to(device))
-            count = rows.stop - rows.start
-            total += torch.stack([loss.double() * count,
-                                  torch.tensor(float(count), dtype=torch.float64, device=device)])
-    if world > 1:
-        dist.all_reduce(total)
-    loss_model.train()
-    return float(total[0] / total[1].clamp(min=1))
+            yield x[rows].to(device), y[rows].to(device)
+
+
+@torch.no_grad()
+def evaluate_metrics(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: Switches,
+                     device: torch.device, rank: int, world: int, full: bool = False) -> dict:
+    """ltm.latent.validation_metrics of the validation pieces (see _val_pieces), token-weighted
+    over all processes: the result does not depend on how the global batch is split (up to the
+    latents' noise). A latent model (loss_model.uses_latents) is scored by the negative ELBO with
+    q fitted by train.latent.steps inner steps; val_loss is that bound, never the NLL given the
+    fitted z alone; a plain model's val_loss is its NLL. full: also the bound by inference steps
+    (train.latent.eval_steps) and the second half's NLL given the first half."""
+    inner = _unwrap(loss_model)
+    inner.eval()
+    with autocast(device, sw.amp):
+        metrics = validation_metrics(
+            inner.model, inner.fitter if inner.uses_latents else None,
+            _val_pieces(val, cfg, batch_size, device, rank, world), full=full,
+            eval_steps=cfg.latent.eval_steps, samples=cfg.latent.eval_samples, seed=cfg.seed,
+            reduce=dist.all_reduce if world > 1 else None)
+    inner.train()
+    return metrics
+
+
+def evaluate(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: int, sw: Switches,
+             device: torch.device, rank: int, world: int) -> float:
+    """The validation loss of evaluate_metrics: the NELBO bound per token for a latent model,
+    the NLL per token for a plain one."""
+    return evaluate_metrics(loss_model, val, cfg, batch_size, sw, device, rank, world)["val_loss"]
 
 
 class Trainer:
@@ -209,8 +231,7 @@ class Trainer:
         self.path = Path(out_dir) / ckpt.CHECKPOINT_FILE
         seed_everything(cfg.seed)
         self.model = LTM(self.model_cfg).to(self.device)
-        self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent_steps,
-                                    cfg.latent_lr)
+        self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent)
         self.batch_size = cfg.batch_size
         if cfg.batch_size == "auto":
             self.batch_size = find_batch_size(self.loss_model, cfg.seq_len, self.model_cfg.vocab_size,
@@ -222,7 +243,7 @@ class Trainer:
         self.step_model: nn.Module = self.loss_model
         if self.world > 1:
             # unused parameters: the latent cross-attention when training without z
-            unused = self.model_cfg.n_latent > 0 and cfg.latent_steps == 0
+            unused = self.model_cfg.n_latent > 0 and cfg.latent.steps == 0
             self.step_model = DistributedDataParallel(self.loss_model, find_unused_parameters=unused)
         if self.sw.compile:
             self.step_model = torch.compile(self.step_model)
@@ -397,6 +418,15 @@ class Trainer:
     def tokens_per_step(self) -> int:
         return self.cfg.seq_len * self.batch_size * self.cfg.grad_accum * self.world
 
+    def final_evaluation(self) -> dict:
+        """The validation metrics of the trained model beyond val_loss (see evaluate_metrics):
+        latent and plain models get the same prefix metrics, side by side."""
+        val = open_source("synthetic" if self.source == "synthetic" else "cache", self.cache_dir,
+                          "val", self.model_cfg.vocab_size, self.cfg.seed)
+        found = evaluate_metrics(self.step_model, val, self.cfg, self.batch_size, self.sw,
+                                 self.device, self.rank, self.world, full=True)
+        return {k: v for k, v in found.items() if k != "val_loss"}
+
     def metrics(self, timing: dict, timed_from: int, seconds: float) -> dict:
         train = [r["loss"] for r in self.history if r["split"] == "train"]
         val = [r["loss"] for r in self.history if r["split"] == "val"]
@@ -413,12 +443,14 @@ class Trainer:
             "kernel": self.model_cfg.kernel, "n_latent": self.model_cfg.n_latent,
             # with latents every step also runs latent_steps forward + backward passes of the
             # inner loop, which tokens/s includes and flops_per_token (hence MFU) does not
-            "latent_steps": self.cfg.latent_steps if self.model_cfg.n_latent else 0,
+            "latent_steps": self.cfg.latent.steps if self.model_cfg.n_latent else 0,
             "params": self.model.num_params(non_embedding=False),
             "params_non_embedding": self.model.num_params(),
             "steps": self.step, "batch_size": self.batch_size, "seq_len": self.cfg.seq_len,
             "tokens_per_step": self.tokens_per_step(),
             "train_loss": train[-1], "train_loss_last10": sum(train[-10:]) / len(train[-10:]),
+            # the last evaluation's: the NELBO bound per token for a latent model (q fitted by
+            # train.latent.steps inner steps, KL included), the NLL per token for a plain one
             "val_loss": val[-1],
             "tokens_per_s": None if math.isnan(tokens_per_s) else round(tokens_per_s, 1),
             # the standard deviation of tokens/s over the logging windows (None under two)
@@ -432,6 +464,8 @@ class Trainer:
             "data_wait_fraction": round(timing["data_wait"] / timed, 4) if timed > 0 else None,
             "seconds": round(seconds, 2), "switches": dataclasses.asdict(self.sw),
             "torch": torch.__version__,
+            # last, so that its time stays out of the timings above
+            **self.final_evaluation(),
         }
 
 

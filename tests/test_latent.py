@@ -1,0 +1,210 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ltm.latent import (LatentConfig, PosteriorFitter, decoder_fitter, gaussian_kl, latent_shape,
+                        nelbo_per_token, sequence_nll, step_sizes, validation_metrics)
+from ltm.losses import IGNORE_INDEX, LossModel
+from ltm.model import LTM, ModelConfig
+from ltm.params import ParamsError, from_mapping
+from ltm.train import TrainConfig
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny shapes on a shared two-core machine: a second OpenMP thread only spins
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(n_latent: int = 2, vocab: int = 16, seed: int = 0) -> LTM:
+    torch.manual_seed(seed)
+    return LTM(ModelConfig(vocab_size=vocab, n_layers=1, d_model=32, n_heads=2, max_seq_len=32,
+                           n_latent=n_latent))
+
+
+def topic_batch(batch: int, seq_len: int, generator: torch.Generator) -> tuple:
+    """Sequences of one of 4 topics each, a topic's tokens drawn from its own 4 of 16: a latent
+    that names the topic helps from the first token on."""
+    topic = torch.randint(4, (batch, 1), generator=generator)
+    tokens = 4 * topic + torch.randint(4, (batch, seq_len + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def trained_latent_model(steps: int = 30) -> LTM:
+    """A tiny latent model trained for a few dozen steps with the inner loop (about a second)."""
+    model = tiny_model()
+    loss_model = LossModel(model, fused_loss=False, compile=False, latent=LatentConfig(steps=4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = topic_batch(8, 16, generator)
+        loss_model(x, y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model
+
+
+def test_kl_matches_torch_distributions():
+    torch.manual_seed(0)
+    mu, log_var = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    q = torch.distributions.Normal(mu, torch.exp(0.5 * log_var))
+    p = torch.distributions.Normal(torch.zeros_like(mu), torch.ones_like(mu))
+    expected = torch.distributions.kl_divergence(q, p).flatten(1).sum(1)
+    assert torch.allclose(gaussian_kl(mu, log_var), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bound_is_nll_plus_kl_per_token_for_a_fixed_posterior():
+    model = tiny_model(vocab=23)
+    x, y = torch.randint(23, (3, 10)), torch.randint(23, (3, 10))
+    y[0, :4] = IGNORE_INDEX  # left out of the NLL and of the token count
+    shape = latent_shape(model.cfg, 3)
+    mu, log_var = torch.randn(shape), torch.randn(shape) - 1
+    bound = nelbo_per_token(model, x, y, mu, log_var, generator=torch.Generator().manual_seed(5))
+    # by hand: the same single draw of eps, the model's own mean loss, the closed-form KL
+    eps = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+    tokens = int((y != IGNORE_INDEX).sum())
+    with torch.no_grad():
+        nll = model(x, y, z=mu + torch.exp(0.5 * log_var) * eps)[1] * tokens
+    kl = 0.5 * (mu ** 2 + log_var.exp() - 1 - log_var).sum()
+    assert tokens == 26
+    assert math.isclose(float(bound), float((nll + kl) / tokens), rel_tol=1e-5)
+
+
+def test_step_sizes_follow_the_cosine_to_a_tenth():
+    lrs = step_sizes(LatentConfig(lr=0.3), 16, torch.device("cpu"))
+    assert math.isclose(lrs[0], 0.3, rel_tol=1e-6) and lrs[-1] > 0.03
+    assert (lrs[1:] < lrs[:-1]).all()
+    assert torch.allclose(step_sizes(LatentConfig(schedule="constant"), 3, torch.device("cpu")),
+                          torch.full((3,), 0.3))
+
+
+def test_the_inner_objective_does_not_increase_on_a_trained_model():
+    model = trained_latent_model()
+    x, y = topic_batch(8, 16, torch.Generator().manual_seed(7))
+    fitter = decoder_fitter(model, LatentConfig())
+    post = fitter.fit((x, y), latent_shape(model.cfg, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        final = (sequence_nll(model, post.sample(), x, y) + post.kl()).mean()
+    trace = torch.cat([post.objective, final[None]])  # (steps + 1,) before each step, then after
+    assert len(post.objective) == 16
+    assert (trace[1:] <= trace[:-1] + 1e-4 * trace[:-1].abs()).all(), trace
+    assert trace[-1] < 0.7 * trace[0], trace
+
+
+def test_the_gaussian_posterior_of_a_gaussian_decoder_is_found():
+    # decoder: n data points ~ N(z, 1) per coordinate, so the exact posterior is
+    # N(n / (n + 1) * mean(data), 1 / (n + 1))
+    seed = int(torch.randint(0, 2**31, (1,)))
+    generator = torch.Generator().manual_seed(seed)
+    n, shape = 50, (3, 2, 4)
+    data = torch.randn(n, *shape, generator=generator) + 2.0
+
+    def nll(z, data):
+        return 0.5 * (data - z).square().sum(0).flatten(1).sum(1)  # (B,)
+
+    # fresh noise every step: stochastic gradients of the true ELBO, whose optimum is exact
+    cfg = LatentConfig(steps=400, optimizer="adam", lr=0.05, reuse_noise=False)
+    post = PosteriorFitter(nll, cfg).fit((data,), shape, generator=generator)
+    assert (post.mu - n / (n + 1) * data.mean(0)).abs().max() < 0.1, f"seed {seed}"
+    assert (post.log_var + math.log(n + 1)).abs().max() < 1.0, f"seed {seed}"
+
+
+def test_compiled_and_eager_inner_steps_agree_without_recompiling():
+    torch._dynamo.reset()
+    model = tiny_model()
+    x, y = torch.randint(16, (2, 8)), torch.randint(16, (2, 8))
+    cfg = LatentConfig(steps=3)
+    shape = latent_shape(model.cfg, 2)
+    eager = decoder_fitter(model, cfg).fit((x, y), shape, generator=torch.Generator().manual_seed(0))
+    # fullgraph: a graph break in the inner step fails here instead of running in part eagerly
+    compiled = decoder_fitter(model, cfg, compile=True, fullgraph=True)
+    first = compiled.fit((x, y), shape, generator=torch.Generator().manual_seed(0))
+    for a, b in ((first.mu, eager.mu), (first.log_var, eager.log_var),
+                 (first.objective, eager.objective)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    # new values of the step index, the step size and the data: the same graph
+    x2, y2 = torch.randint(16, (2, 8)), torch.randint(16, (2, 8))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled.fit((x2, y2), shape, steps=5)
+
+
+def latent_and_plain_batches(vocab: int = 16) -> list:
+    generator = torch.Generator().manual_seed(11)
+    return [topic_batch(4, 12, generator) for _ in range(2)]
+
+
+def test_no_latent_metric_named_loss_or_perplexity_leaves_out_the_kl():
+    model = tiny_model()
+    fitter = decoder_fitter(model, LatentConfig(steps=2))
+    metrics = validation_metrics(model, fitter, latent_and_plain_batches(), eval_steps=[0, 2])
+    nelbo = metrics["val_nll_given_fitted_z"] + metrics["val_kl_per_token"]
+    assert metrics["val_kl_per_token"] > 0 and "val_nll" not in metrics
+    assert math.isclose(metrics["val_nelbo"], nelbo, rel_tol=1e-9)
+    assert math.isclose(metrics["val_nelbo_by_steps"][2], nelbo, rel_tol=1e-9)  # same seeds
+    named = {k for k in metrics if any(w in k for w in ("loss", "ppl", "perplexity"))}
+    # the prefix metrics are the suffix's NLL given a z fitted to the prefix alone: a conditional
+    # likelihood that no KL belongs to (see ltm.latent.prefix_sums)
+    assert named == {"val_loss", "val_ppl_bound", "val_prefix_ppl"}
+    assert metrics["val_loss"] == metrics["val_nelbo"]
+    assert math.isclose(metrics["val_ppl_bound"], math.exp(nelbo), rel_tol=1e-9)
+    assert math.isclose(metrics["val_prefix_ppl"], math.exp(metrics["val_prefix_nll"]))
+
+
+def test_prefix_metric_of_a_plain_model_is_the_suffix_nll_given_the_prefix():
+    model = tiny_model(n_latent=0)
+    batches = latent_and_plain_batches()
+    metrics = validation_metrics(model, None, batches)
+    with torch.no_grad():
+        nll = [F.cross_entropy(model(x)[0][:, 6:].flatten(0, 1), y[:, 6:].flatten(),
+                               reduction="sum") for x, y in batches]
+    assert math.isclose(metrics["val_prefix_nll"], float(sum(nll)) / (2 * 4 * 6), rel_tol=1e-5)
+    with torch.no_grad():
+        whole = sum(float(model(x, y)[1]) for x, y in batches) / 2
+    assert math.isclose(metrics["val_nll"], whole, rel_tol=1e-5)
+    assert metrics["val_loss"] == metrics["val_nelbo"] == metrics["val_nll"]
+    assert "val_nelbo_by_steps" not in metrics
+
+
+def test_the_decoder_step_trains_on_a_detached_posterior_sample():
+    model = tiny_model()
+    loss_model = LossModel(model, fused_loss=True, compile=False, latent=LatentConfig(steps=3))
+    x, y = torch.randint(16, (2, 8)), torch.randint(16, (2, 8))
+    torch.manual_seed(4)
+    loss = loss_model(x, y)
+    torch.manual_seed(4)
+    z = loss_model.fitter.fit((x, y), latent_shape(model.cfg, 2)).sample()
+    assert not z.requires_grad
+    assert math.isclose(float(loss), float(model(x, y, z=z)[1]), rel_tol=1e-5)
+    loss.backward()
+    cross = [p.grad for n, p in model.named_parameters() if ".cross." in n]
+    assert cross and all(g is not None and g.abs().sum() > 0 for g in cross)
+
+
+def test_no_latents_with_zero_inner_steps():
+    loss_model = LossModel(tiny_model(), fused_loss=False, compile=False,
+                           latent=LatentConfig(steps=0))
+    assert not loss_model.uses_latents and loss_model.fitter is None
+
+
+@pytest.mark.parametrize("mapping, message", [
+    ({"steps": -1}, "train.latent.steps: must be >= 0, got -1"),
+    ({"lr": 0}, "train.latent.lr: must be > 0, got 0.0"),
+    ({"optimizer": "lion"}, "train.latent.optimizer: expected 'adamw' or 'adam' or 'sgd', got 'lion'"),
+    ({"schedule": "linear"}, "train.latent.schedule: expected 'cosine' or 'constant', got 'linear'"),
+    ({"final_fraction": 0}, "train.latent.final_fraction: must be in (0, 1], got 0.0"),
+    ({"beta2": 1.0}, "train.latent.beta2: must be in [0, 1), got 1.0"),
+    ({"kl_weight": -1}, "train.latent.kl_weight: must be >= 0, got -1.0"),
+    ({"eval_steps": [4, -1]}, "train.latent.eval_steps: must all be >= 0, got [4, -1]"),
+    ({"eval_samples": 0}, "train.latent.eval_samples: must be >= 1, got 0"),
+    ({"compile": "yes"}, "train.latent.compile: expected bool or 'auto', got 'yes'"),
+    ({"step": 3}, "train.latent.step: unknown parameter (did you mean 'steps'?)"),
+])
+def test_bad_latent_values_fail_with_one_line(mapping, message):
+    with pytest.raises(ParamsError) as err:
+        from_mapping(TrainConfig, {"latent": mapping}, "train")
+    assert str(err.value) == message and "\n" not in str(err.value)
