@@ -60,13 +60,18 @@ class Attention(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
-        shape = (batch, self.n_heads, self.max_seq_len, self.head_dim)
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype,
+                   length: int | None = None) -> dict:
+        """KV cache of `length` positions (default max_seq_len): a generation that knows its
+        length needs no more, and the cache is most of decoding's memory."""
+        shape = (batch, self.n_heads, length or self.max_seq_len, self.head_dim)
         return {"k": torch.zeros(shape, device=device, dtype=dtype),
                 "v": torch.zeros(shape, device=device, dtype=dtype), "pos": 0}
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
         B, T, C = x.shape
+        if state is not None and torch.is_tensor(state["pos"]):
+            return self._forward_static(x, state)
         pos = 0 if state is None else state["pos"]
         if pos + T > self.max_seq_len:
             raise ValueError(f"x: position {pos + T} is past model.max_seq_len={self.max_seq_len}")
@@ -84,6 +89,34 @@ class Attention(nn.Module):
             state = {"k": state["k"], "v": state["v"], "pos": pos + T}
         y = self._attend(q, k, v, pos, key_start)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C)), state
+
+    def _forward_static(self, x: torch.Tensor, state: dict):
+        """The static-cache step of ltm.generate: state["pos"] is a (B,) tensor, each sequence's
+        own position, so one compiled / CUDA-graph-captured step serves every position (a Python
+        int would recompile or re-capture per token) and ragged batches decode together. Keys and
+        values are written in place at those positions; queries attend over the whole cache,
+        masked to each sequence's past. The caller keeps positions inside the cache."""
+        B, T, C = x.shape
+        H, D = self.n_heads, self.head_dim
+        # (B, T): the absolute position of each new token
+        positions = state["pos"][:, None] + torch.arange(T, device=x.device)
+        # (B, H, T, D) each
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+        # (B, 1, T, D / 2): each row rotated by its own positions
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        index = positions[:, None, :, None].expand(B, H, T, D)
+        state["k"].scatter_(2, index, k.to(state["k"].dtype))
+        state["v"].scatter_(2, index, v.to(state["v"].dtype))
+        # (B, 1, T, S): key j is visible to the query at position p when j <= p (and in the window)
+        key_pos = torch.arange(state["k"].shape[2], device=x.device)
+        mask = key_pos <= positions[..., None]
+        if self.window is not None:
+            mask = mask & (positions[..., None] - key_pos < self.window)
+        y = F.scaled_dot_product_attention(q, state["k"].to(q.dtype), state["v"].to(q.dtype),
+                                           attn_mask=mask[:, None])
+        y = self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+        return y, {"k": state["k"], "v": state["v"], "pos": state["pos"] + T}
 
     def _attend(self, q, k, v, query_start: int, key_start: int) -> torch.Tensor:
         T, S = q.shape[2], k.shape[2]

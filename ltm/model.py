@@ -176,12 +176,15 @@ class LTM(nn.Module):
         """Empty generation state for `batch` sequences: preallocated KV caches or zero recurrent
         states, and the latents' keys and values computed once."""
         weight = self.embed.weight
-        latents = self._latent_slices(z, batch)
-        latent_kv = None
-        if latents is not None:
-            latent_kv = [block.cross.latent_kv(latents[i]) for i, block in enumerate(self.blocks)]
         states = [block.mixer.init_state(batch, weight.device, weight.dtype) for block in self.blocks]
-        return Cache(states=states, latent_kv=latent_kv)
+        return Cache(states=states, latent_kv=self.latent_kv(z, batch))
+
+    def latent_kv(self, z: torch.Tensor | None, batch: int) -> list | None:
+        """Per layer, the cross-attention keys and values of the latents z, or None without z."""
+        latents = self._latent_slices(z, batch)
+        if latents is None:
+            return None
+        return [block.cross.latent_kv(latents[i]) for i, block in enumerate(self.blocks)]
 
     def forward_cached(self, idx: torch.Tensor, cache: Cache, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T, vocab) of idx (B, T) continuing from `cache`, which is advanced by T
@@ -203,10 +206,12 @@ class LTM(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, z: torch.Tensor | None = None, max_new_tokens: int = 64,
                  temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None,
+                 top_p: float | None = None) -> torch.Tensor:
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens). The
         prompt is prefilled once in parallel, then each token is one step from the cache.
-        temperature 0 = greedy; top_k keeps the k most likely tokens."""
+        temperature 0 = greedy; top_k / top_p: see `sample`. The readable reference of the fast
+        path in ltm.generate (static cache, captured step)."""
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens and temperature must be >= 0, got {max_new_tokens} "
                              f"and {temperature}")
@@ -219,7 +224,7 @@ class LTM(nn.Module):
         logits = self.forward_cached(idx, cache, last_only=True)
         tokens = [idx]
         for step in range(max_new_tokens):
-            tokens.append(sample(logits[:, -1], temperature, top_k, generator))
+            tokens.append(sample(logits[:, -1], temperature, top_k, generator, top_p))
             if step + 1 < max_new_tokens:
                 logits = self.forward_cached(tokens[-1], cache)
         return torch.cat(tokens, dim=1)
@@ -228,11 +233,12 @@ class LTM(nn.Module):
     def generate_uncached(self, idx: torch.Tensor, z: torch.Tensor | None = None,
                           max_new_tokens: int = 64, temperature: float = 1.0,
                           top_k: int | None = None,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
+                          generator: torch.Generator | None = None,
+                          top_p: float | None = None) -> torch.Tensor:
         """The slow reference of `generate`: the whole sequence is recomputed for every token."""
         for _ in range(max_new_tokens):
             logits = self.lm_head(self.hidden(idx, z)[:, -1])
-            idx = torch.cat([idx, sample(logits, temperature, top_k, generator)], dim=1)
+            idx = torch.cat([idx, sample(logits, temperature, top_k, generator, top_p)], dim=1)
         return idx
 
     def num_params(self, non_embedding: bool = True) -> int:
@@ -275,13 +281,25 @@ class LTM(nn.Module):
                 + cfg.n_layers * (mixer + latents))
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token (B, 1) from logits (B, vocab): argmax when temperature == 0."""
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+           generator: torch.Generator | None = None, top_p: float | None = None) -> torch.Tensor:
+    """One token (B, 1) from logits (B, vocab): argmax when temperature == 0, else a draw from
+    softmax(logits / temperature) kept to the top_k most likely tokens and to the fewest most
+    likely tokens whose probability reaches top_p (nucleus). Tensor ops only, no host sync, so a
+    CUDA graph can hold it: the draw is argmax(p / e) with e ~ Exp(1) per token (the exponential
+    race, which picks token i with probability p_i)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+    probs = F.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # a token goes when the more likely ones already reach top_p: the first always stays
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    # clamped: an exact zero draw would give 0 / 0 = nan for a token of probability 0
+    race = torch.empty_like(probs).exponential_(generator=generator).clamp_min(1e-30)
+    return (probs / race).argmax(dim=-1, keepdim=True)
