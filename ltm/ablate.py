@@ -1,41 +1,136 @@
-"""The ablate stage: flip one switch at a time on top of the baseline (the model and train
-sections of params.yaml), train each variant for the same number of steps, and measure what it
-buys in tokens/s and what it costs in validation loss."""
+"""The ablate stage, the roadmap's protocol: start from a trained model with a fixed quality
+score, make one change, rerun the quick test, keep the change only if the score is preserved
+(within the switch's tolerance) and the step time is below the previous one beyond the spread of
+the measurements; then the next change on top of it (mode cumulative) or on top of the baseline
+(mode one_at_a_time). The baseline and the final configuration are profiled per operation group.
+
+A measurement (ltm.profile.Runner) starts from the train stage's checkpoint (or a warm-start run
+of ablate.warm_start_steps steps when there is none that fits), runs `warmup` untimed steps (the
+last one measures peak memory), then `repeats` blocks of `steps` timed steps; the step time is
+the median of the blocks' median step times, the spread their min and max. The quality score is
+the mean loss on a fixed validation set after the same steps. The current baseline and the
+candidate are measured in alternating blocks, so slow drift of the machine hits both alike.
+
+Verdicts: FAIL (quality out of tolerance, or the variant failed to run), PASS (faster beyond the
+spread: the candidate's slowest block beats the baseline's fastest), SLOWER (the reverse), NO
+EFFECT (the spreads overlap).
+"""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Literal
 
 import pandas as pd
 
+from ltm import checkpoint as ckpt
+from ltm.batches import with_vocab
 from ltm.cache import cache_dir_of
 from ltm.model import ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, load_section, read_params
-from ltm.train import TrainConfig, run_training
+from ltm.profile import Runner, StepTimer, fits, profile_runner, real_step_timer
+from ltm.train import TrainConfig, TrainingDiverged, run_training
 
 # sections a switch may change
 SWITCHABLE = ("model", "train")
+KINDS = ("exact", "approximate")
+
+# Every parameter a switch may change, declared exact (the same maths: only speed and memory may
+# move, the score only by float rounding) or approximate (another function), with its tolerance on
+# the validation loss (None: ablate.exact_tolerance or ablate.loss_tolerance). ablate.registry in
+# params adds or overrides entries. The extension point for new switches (the roadmap's
+# hierarchical-DeltaNet ones, once ltm/mixers.py exposes them as model parameters): one line here.
+REGISTRY: dict[str, tuple[str, float | None]] = {
+    "train.opt.compile": ("exact", None),
+    "train.opt.fused_adamw": ("exact", None),
+    "train.opt.fused_loss": ("exact", None),
+    "train.opt.workers": ("exact", None),
+    "train.opt.pin_memory": ("exact", None),
+    "model.checkpointing": ("exact", None),
+    "model.kernel": ("exact", None),  # the same recurrence, summed in another order
+    "model.chunk_size": ("exact", None),  # the chunked form is exact algebra for any chunk
+    "model.fused_conv": ("exact", None),
+    "train.opt.amp": ("approximate", None),  # bf16 / fp16 rounding of activations
+    "train.opt.tf32": ("approximate", None),  # 10-bit mantissa matmul inputs
+    "train.opt.pretokenized": ("approximate", None),  # other random windows of the same text
+    "train.batch_size": ("approximate", None),
+    "model.mixer": ("approximate", None),  # another architecture: its weights are not trained
+    "model.window": ("approximate", None),
+    "model.short_conv": ("approximate", None),
+    "model.hierarchical": ("approximate", None),
+}
 
 
 @dataclass
 class AblateConfig:
-    steps: int = 30  # training steps of every run, the baseline's included
-    repeats: int = 2  # runs per variant; tokens/s is their median
-    # a variant preserves quality when its val loss is within this of the baseline's
-    loss_tolerance: float = 0.05
-    # each entry, one or more space-separated "section.key=value", is applied alone on top of
-    # the baseline
+    mode: Literal["one_at_a_time", "cumulative"] = "cumulative"
+    # baseline training when the train stage left no checkpoint that fits the model section
+    warm_start_steps: int = 150
+    warmup: int = 3  # untimed steps of each measurement (compilation, allocator); the last one
+    # measures peak memory
+    steps: int = 8  # timed steps per block (their median is the block's step time)
+    repeats: int = 3  # blocks per measurement; their spread decides NO EFFECT
+    val_sequences: int = 32  # the fixed validation set: the first N windows of the val split
+    exact_tolerance: float = 0.001  # |delta val loss| allowed to an exact switch
+    loss_tolerance: float = 0.05  # ... and to an approximate one
+    # "section.key": {kind: exact | approximate, tolerance: float or null}, over REGISTRY
+    registry: dict[str, dict] = field(default_factory=dict)
+    # assignments applied to the model and train sections before the baseline is measured
+    baseline: list[str] = field(default_factory=list)
+    profile_steps: int = 2  # profiled steps of the baseline and the final configuration; 0 = none
+    # each entry, one or more space-separated "section.key=value", is one change
     switches: list[str] = field(default_factory=lambda: [
-        "train.opt.pretokenized=false", "train.opt.fused_loss=true", "model.checkpointing=true",
-        "model.mixer=deltanet", "model.mixer=deltanet model.kernel=naive"])
+        "train.opt.workers=0", "train.opt.fused_adamw=true", "train.opt.fused_loss=true",
+        "model.checkpointing=true", "train.opt.pretokenized=false", "model.mixer=deltanet"])
 
     def __post_init__(self) -> None:
-        check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
-        check(self.repeats > 0, "repeats", f"must be > 0, got {self.repeats}")
+        for name in ("steps", "repeats", "val_sequences"):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("warm_start_steps", "warmup", "profile_steps"):
+            check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.warmup >= 1, "warmup", f"must be >= 1 (its last step measures memory), "
+              f"got {self.warmup}")
+        for name in ("exact_tolerance", "loss_tolerance"):
+            check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        for key, entry in self.registry.items():
+            ok = (isinstance(entry, dict) and set(entry) <= {"kind", "tolerance"}
+                  and entry.get("kind") in KINDS
+                  and (entry.get("tolerance") is None or
+                       isinstance(entry["tolerance"], (int, float)) and entry["tolerance"] >= 0))
+            check(ok, f"registry.{key}", "expected {kind: exact or approximate, tolerance: "
+                  f"a number >= 0 or null}}, got {entry!r}")
+
+
+@dataclass
+class Change:
+    text: str  # the switch as written in params
+    kind: str
+    tolerance: float
+
+
+def describe_change(text: str, cfg: AblateConfig, where: str) -> Change:
+    """Kind and tolerance of a switch: approximate if any of its assignments is; the largest
+    tolerance of its assignments."""
+    registry = {**{k: {"kind": kind, "tolerance": tol} for k, (kind, tol) in REGISTRY.items()},
+                **cfg.registry}
+    kinds, tolerances = [], []
+    for assignment in text.split():
+        key = assignment.partition("=")[0].strip()
+        if key not in registry:
+            raise ParamsError(f"{where}: '{key}' is not in the switch registry; declare it under "
+                              "ablate.registry as {kind: exact or approximate, tolerance: ...}")
+        entry = registry[key]
+        kinds.append(entry["kind"])
+        default = cfg.exact_tolerance if entry["kind"] == "exact" else cfg.loss_tolerance
+        tolerances.append(default if entry.get("tolerance") is None else float(entry["tolerance"]))
+    kind = "approximate" if "approximate" in kinds else "exact"
+    return Change(text, kind, max(tolerances))
 
 
 def apply_switch(sections: dict, switch: str, where: str) -> dict:
@@ -49,67 +144,251 @@ def apply_switch(sections: dict, switch: str, where: str) -> dict:
     return changed
 
 
-def variant_configs(sections: dict, steps: int, where: str) -> tuple[ModelConfig, TrainConfig]:
-    """Validated configs of one variant, trained for `steps` steps from scratch."""
-    train = dict(sections.get("train") or {}, steps=steps, resume=False)
+def variant_configs(sections: dict, where: str) -> tuple[ModelConfig, TrainConfig]:
+    """Validated configs of one variant; never resumed, never checkpointed."""
+    train = dict(sections.get("train") or {}, resume=False, checkpoint_every=0)
     model_cfg = from_mapping(ModelConfig, sections.get("model"), f"{where} model")
     train_cfg = from_mapping(TrainConfig, train, f"{where} train")
     return model_cfg, train_cfg
 
 
-def run_variant(sections: dict, steps: int, cache_dir: str, where: str) -> dict:
-    """tokens/s, val loss and peak memory of one training run of the variant."""
-    model_cfg, train_cfg = variant_configs(sections, steps, where)
-    with tempfile.TemporaryDirectory() as out_dir:
-        metrics = run_training(model_cfg, train_cfg, cache_dir, out_dir, progress=False).metrics
-    return {"tokens_per_s": metrics["tokens_per_s"], "val_loss": metrics["val_loss"],
-            "peak_memory_mib": metrics.get("peak_memory_mib")}
+@dataclass
+class Measurement:
+    step_s: float = float("nan")  # median of the blocks' median step times
+    low_s: float = float("nan")  # the fastest block's median
+    high_s: float = float("nan")  # the slowest block's median
+    val_loss: float = float("nan")  # the quality score
+    peak_memory: float | None = None  # bytes
+    memory_kind: str = "not measured"
+    tokens_per_step: int = 0
 
 
-def ablate(cfg: AblateConfig, sections: dict, cache_dir: str) -> pd.DataFrame:
-    """One row per variant: the baseline first, then each switch alone. tokens/s and val loss are
-    medians over `repeats` rounds."""
-    variants = [("baseline", sections)]
+def measure(runners: list[Runner], cfg: AblateConfig, timer: StepTimer) -> list[Measurement]:
+    """Measure each runner from the checkpoint, their timed blocks alternating."""
+    results = [Measurement(tokens_per_step=r.tokens_per_step()) for r in runners]
+    for runner, result in zip(runners, results):
+        runner.reset()
+        for _ in range(cfg.warmup - 1):
+            runner.step()
+        result.peak_memory, result.memory_kind = runner.memory_step()
+    blocks: list[list[float]] = [[] for _ in runners]
+    for _ in range(cfg.repeats):
+        for runner, times in zip(runners, blocks):
+            times.append(statistics.median(runner.timed_steps(cfg.steps, timer)))
+    for runner, result, times in zip(runners, results, blocks):
+        result.step_s, result.low_s, result.high_s = statistics.median(times), min(times), max(times)
+        result.val_loss = runner.finish()
+    return results
+
+
+def verdict(base: Measurement, cand: Measurement, tolerance: float) -> str:
+    """FAIL: quality out of tolerance; PASS / SLOWER: faster / slower beyond both spreads;
+    NO EFFECT: the spreads overlap."""
+    delta = cand.val_loss - base.val_loss
+    if not delta == delta or abs(delta) > tolerance:  # NaN fails too
+        return "FAIL"
+    if cand.high_s < base.low_s:
+        return "PASS"
+    if cand.low_s > base.high_s:
+        return "SLOWER"
+    return "NO EFFECT"
+
+
+def make_row(change: Change, against: str, base: Measurement, cand: Measurement, result: str,
+             kept: bool, note: str) -> dict:
+    mib = lambda m: None if m.peak_memory is None else round(m.peak_memory / 2**20, 2)
+    return {
+        "switch": change.text, "kind": change.kind, "tolerance": change.tolerance,
+        "against": against, "verdict": result, "kept": kept,
+        "speedup": base.step_s / cand.step_s,
+        # the ratio's range over both spreads
+        "speedup_low": base.low_s / cand.high_s, "speedup_high": base.high_s / cand.low_s,
+        "step_ms": 1e3 * cand.step_s, "step_ms_min": 1e3 * cand.low_s,
+        "step_ms_max": 1e3 * cand.high_s, "base_step_ms": 1e3 * base.step_s,
+        "base_step_ms_min": 1e3 * base.low_s, "base_step_ms_max": 1e3 * base.high_s,
+        "tokens_per_s": cand.tokens_per_step / cand.step_s if cand.tokens_per_step else None,
+        "val_loss": cand.val_loss, "base_val_loss": base.val_loss,
+        "delta_val_loss": cand.val_loss - base.val_loss,
+        "peak_memory_mib": mib(cand), "base_peak_memory_mib": mib(base),
+        "peak_memory_kind": cand.memory_kind, "note": note,
+    }
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+class Protocol:
+    """The loop over the changes: each measured against the current baseline, which a PASS
+    replaces in cumulative mode."""
+
+    def __init__(self, cfg: AblateConfig, sections: dict, cache_dir: str, state: dict, tmp: str,
+                 timer: StepTimer, deadline: float | None, on_row: Callable | None) -> None:
+        self.cfg, self.sections, self.cache_dir, self.state, self.tmp = cfg, sections, cache_dir, state, tmp
+        self.timer, self.deadline, self.on_row = timer, deadline, on_row
+        self.rows: list[dict] = []
+        self.baseline_row: dict | None = None
+
+    def runner(self, sections: dict, where: str) -> Runner:
+        model_cfg, train_cfg = variant_configs(sections, where)
+        cfg = self.cfg
+        # the loader and the lr schedule run to the end of the longest measurement
+        steps = self.state["step"] + cfg.warmup + max(cfg.repeats * cfg.steps, cfg.profile_steps)
+        train_cfg = dataclasses.replace(train_cfg, steps=steps)
+        return Runner(model_cfg, train_cfg, self.cache_dir, self.state, cfg.val_sequences, self.tmp)
+
+    def compare(self, base: Runner, change: Change, sections: dict, against: str,
+                where: str) -> tuple[dict, Runner | None]:
+        """One row: the candidate measured against `base`; the candidate's runner if it passed."""
+        cand = None
+        try:
+            cand = self.runner(sections, where)
+            base_m, cand_m = measure([base, cand], self.cfg, self.timer)
+            result = verdict(base_m, cand_m, change.tolerance)
+            note = "" if cand.loaded == "all" else f"weights loaded: {cand.loaded} (untrained rest)"
+        except (ParamsError, TrainingDiverged, RuntimeError, ValueError, NotImplementedError) as err:
+            # a variant that cannot run here fails its row, not the whole ablation
+            base_m, cand_m, result, note = Measurement(), Measurement(), "FAIL", one_line(err)
+        keep = result == "PASS" and self.cfg.mode == "cumulative"
+        if self.baseline_row is None and against == "baseline" and base_m.step_s == base_m.step_s:
+            self.baseline_row = make_row(Change("baseline", "exact", 0.0), "baseline", base_m,
+                                         base_m, "BASELINE", True, "")
+        row = make_row(change, against, base_m, cand_m, result, keep, note)
+        print(f"ablate: {change.text}: {result} (speed-up {row['speedup']:.3f}, "
+              f"delta val loss {row['delta_val_loss']:+.2e}){' ' + note if note else ''}",
+              flush=True)
+        if not keep and cand is not None:
+            cand.close_loader()
+            cand = None
+        return row, cand
+
+    def run(self, changes: list[Change]) -> tuple[Runner, Runner, list[Change]]:
+        origin = self.runner(self.sections, "baseline")
+        current, sections, kept = origin, self.sections, []
+        for i, change in enumerate(changes):
+            against = " + ".join(["baseline"] + [c.text for c in kept])
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.rows.append(make_row(change, against, Measurement(), Measurement(),
+                                          "SKIPPED", False, "time budget spent"))
+                continue
+            where = f"ablate.switches[{i}]"
+            candidate = apply_switch(sections, change.text, where)
+            row, passed = self.compare(current, change, candidate, against, where)
+            self.rows.append(row)
+            if passed is not None:
+                current, sections = passed, candidate
+                kept.append(change)
+            if self.on_row:
+                self.on_row(self.rows)
+        return origin, current, kept
+
+
+def baseline_state(cfg: AblateConfig, sections: dict, cache_dir: str,
+                   checkpoint_dir: str | Path | None, tmp: str) -> tuple[dict, str]:
+    """The trained model every measurement starts from: the train stage's checkpoint if it holds
+    the model section's model, else a warm-start run of warm_start_steps steps."""
+    model_cfg, train_cfg = variant_configs(sections, "baseline")
+    source = "synthetic" if train_cfg.data == "synthetic" else "cache"
+    path = Path(checkpoint_dir) / ckpt.CHECKPOINT_FILE if checkpoint_dir else None
+    saved = ckpt.load_checkpoint(path) if path else None
+    if saved is not None and fits(with_vocab(model_cfg, cache_dir, source), saved["model"]):
+        return saved, f"the train stage's checkpoint {path} (step {saved['step']})"
+    why = ("no checkpoint folder given" if path is None else f"no checkpoint at {path}"
+           if saved is None else f"the checkpoint at {path} holds another model")
+    if cfg.warm_start_steps == 0:
+        raise ParamsError(f"ablate.warm_start_steps: is 0 and there is no baseline to start "
+                          f"from ({why})")
+    print(f"ablate: {why}; training the baseline for {cfg.warm_start_steps} steps", flush=True)
+    warm = dataclasses.replace(train_cfg, steps=cfg.warm_start_steps, resume=False,
+                               eval_every=cfg.warm_start_steps, checkpoint_every=0)
+    result = run_training(model_cfg, warm, cache_dir, str(Path(tmp) / "warm"), progress=False)
+    return ckpt.load_checkpoint(result.checkpoint), f"a warm start of {cfg.warm_start_steps} steps ({why})"
+
+
+@dataclass
+class Ablation:
+    table: pd.DataFrame  # one row per change, the baseline first (and the final configuration)
+    profile: pd.DataFrame  # (config, group, ms): milliseconds per step in each group
+    info: dict  # how it was measured
+
+
+def ablate(cfg: AblateConfig, sections: dict, cache_dir: str,
+           checkpoint_dir: str | Path | None = None, timer: StepTimer = real_step_timer,
+           deadline: float | None = None, on_row: Callable | None = None) -> Ablation:
+    """Run the protocol on the model and train `sections`. deadline (time.monotonic()): later
+    changes are SKIPPED; on_row(rows) is called after each row."""
+    started = time.perf_counter()
+    for i, assignment in enumerate(cfg.baseline):
+        sections = apply_switch(sections, assignment, f"ablate.baseline[{i}]")
+    variant_configs(sections, "baseline")
+    changes = []
     for i, text in enumerate(cfg.switches):
         where = f"ablate.switches[{i}]"
-        variants.append((text, apply_switch(sections, text, where)))
-        # fail on a bad switch before spending minutes on the ones before it
-        variant_configs(variants[-1][1], cfg.steps, where)
-    # the first run in a process pays one-time costs (thread pools, allocator, lazy imports) that
-    # made the baseline look 30% slower than the same configuration run later; a short untimed
-    # run absorbs them
-    print("ablate: warm-up", flush=True)
-    run_variant(sections, min(cfg.steps, 5), cache_dir, "baseline")
-    runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
-    # rounds run every variant once, so slow drift (heat, other load) hits all of them alike
-    for round_ in range(cfg.repeats):
-        for name, variant in variants:
-            print(f"ablate: {name} (round {round_ + 1} of {cfg.repeats})", flush=True)
-            runs[name].append(run_variant(variant, cfg.steps, cache_dir, name))
-    rows = [{"switch": name,
-             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
-             "val_loss": statistics.median(r["val_loss"] for r in results),
-             "peak_memory_mib": results[-1]["peak_memory_mib"]} for name, results in runs.items()]
-    table = pd.DataFrame(rows)
-    base = table.iloc[0]
-    table["speedup"] = table["tokens_per_s"] / base["tokens_per_s"]
-    table["delta_val_loss"] = table["val_loss"] - base["val_loss"]
-    table["quality_preserved"] = table["delta_val_loss"].abs() <= cfg.loss_tolerance
-    return table
+        # a bad switch fails before minutes are spent on the ones before it
+        variant_configs(apply_switch(sections, text, where), where)
+        changes.append(describe_change(text, cfg, where))
+    with tempfile.TemporaryDirectory() as tmp:
+        state, source = baseline_state(cfg, sections, cache_dir, checkpoint_dir, tmp)
+        protocol = Protocol(cfg, sections, cache_dir, state, tmp, timer, deadline, on_row)
+        origin, final, kept = protocol.run(changes)
+        if protocol.baseline_row is None:  # no change measured: the baseline alone
+            (base,) = measure([origin], cfg, timer)
+            protocol.baseline_row = make_row(Change("baseline", "exact", 0.0), "baseline", base,
+                                             base, "BASELINE", True, "")
+        rows = [protocol.baseline_row] + protocol.rows
+        if kept:
+            rows.append(final_row(origin, final, kept, cfg, timer))
+        profiles = {"baseline": origin} | ({"final": final} if final is not origin else {})
+        profile = pd.DataFrame([
+            {"config": name, "group": group, "ms": ms}
+            for name, runner in profiles.items() if cfg.profile_steps
+            for group, ms in profile_runner(runner, cfg.warmup, cfg.profile_steps).items()],
+            columns=["config", "group", "ms"])
+        device = origin.trainer.device
+    info = {"mode": cfg.mode, "baseline": source, "device": str(device),
+            "warmup": cfg.warmup, "steps": cfg.steps, "repeats": cfg.repeats,
+            "val_sequences": cfg.val_sequences, "kept": [c.text for c in kept],
+            "seconds": round(time.perf_counter() - started, 1)}
+    return Ablation(pd.DataFrame(rows), profile, info)
 
 
-def ablate_stage(params_path: str | Path, metrics_path: str | Path,
-                 plot_path: str | Path) -> pd.DataFrame:
-    """The ablate stage: run every variant, write metrics (per switch) and the plot table. Paths
-    come from dvc.yaml."""
+def final_row(origin: Runner, final: Runner, kept: list[Change], cfg: AblateConfig,
+              timer: StepTimer) -> dict:
+    """The accepted changes together against the original baseline; their tolerances add."""
+    base, cand = measure([origin, final], cfg, timer)
+    kind = "approximate" if any(c.kind == "approximate" for c in kept) else "exact"
+    change = Change("final: " + " + ".join(c.text for c in kept), kind,
+                    sum(c.tolerance for c in kept))
+    return make_row(change, "baseline", base, cand, verdict(base, cand, change.tolerance), True, "")
+
+
+def write_outputs(result: Ablation, metrics_path: str | Path, plot_path: str | Path) -> None:
+    """Metrics keyed by change (so `dvc metrics diff` names the verdict that moved), the
+    per-group profile and the protocol's settings; the plot table one row per change."""
+    def plain(value):
+        return None if isinstance(value, float) and value != value else value
+    keys = ("verdict", "kind", "tolerance", "kept", "speedup", "speedup_low", "speedup_high",
+            "step_ms", "val_loss", "delta_val_loss", "peak_memory_mib", "note")
+    metrics = {row["switch"]: {k: plain(row[k]) for k in keys}
+               for row in result.table.to_dict("records")}
+    metrics["profile"] = {name: dict(zip(rows["group"], rows["ms"].round(3)))
+                          for name, rows in result.profile.groupby("config", sort=False)}
+    metrics["protocol"] = result.info
+    for path in (metrics_path, plot_path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(metrics_path).write_text(json.dumps(metrics, indent=1, default=float) + "\n")
+    result.table.to_csv(plot_path, index=False)
+
+
+def ablate_stage(params_path: str | Path, metrics_path: str | Path, plot_path: str | Path,
+                 checkpoint_dir: str | Path | None = None) -> Ablation:
+    """The ablate stage: the protocol on params.yaml's model and train sections, from the train
+    stage's checkpoint in checkpoint_dir (None or none there: a warm start). Paths come from
+    dvc.yaml."""
     cfg = load_section(AblateConfig, "ablate", params_path)
     params = read_params(params_path)
     sections = {name: params.get(name) or {} for name in SWITCHABLE}
-    table = ablate(cfg, sections, cache_dir_of(params))
-    for path in (metrics_path, plot_path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    metrics = {row["switch"]: {k: v for k, v in row.items() if k != "switch"}
-               for row in table.to_dict("records")}
-    Path(metrics_path).write_text(json.dumps(metrics, indent=1, default=float) + "\n")
-    table.to_csv(plot_path, index=False)
-    return table
+    result = ablate(cfg, sections, cache_dir_of(params), checkpoint_dir)
+    write_outputs(result, metrics_path, plot_path)
+    return result

@@ -45,15 +45,83 @@ def loss_figure(curve: pd.DataFrame) -> Figure:
     return fig
 
 
+VERDICT_COLORS = {"PASS": "tab:green", "FAIL": "tab:red", "NO EFFECT": "tab:gray",
+                  "SLOWER": "tab:orange", "BASELINE": "tab:blue", "SKIPPED": "white"}
+
+
 def ablate_figure(table: pd.DataFrame) -> Figure:
-    """Speed-up and validation loss of each switch, side by side."""
-    fig = Figure(figsize=(11, 0.5 * len(table) + 1.5))
-    axes = fig.subplots(1, 2, sharey=True)
-    sns.barplot(data=table, y="switch", x="speedup", ax=axes[0], color="tab:blue")
-    axes[0].axvline(1.0, color="black", linewidth=0.8)
-    axes[0].set_title("tokens/s relative to the baseline")
-    sns.barplot(data=table, y="switch", x="val_loss", ax=axes[1], color="tab:orange")
-    axes[1].set_title("validation loss after the same steps")
+    """Per change of the ablate stage: the speed-up over the baseline it was measured against
+    (whiskers: the range over both spreads) and its change of the validation loss beside the
+    tolerance, coloured by verdict. Linear axes; the loss panel is zoomed to the differences."""
+    table = table.reset_index(drop=True)
+    verdicts = table.get("verdict", pd.Series(["BASELINE"] * len(table)))
+    colors = [VERDICT_COLORS.get(v, "tab:blue") for v in verdicts]
+    labels = [f"{s}  [{v}]" if "verdict" in table else str(s)
+              for s, v in zip(table["switch"], verdicts)]
+    y = list(range(len(table)))[::-1]
+    fig = Figure(figsize=(12, 0.45 * len(table) + 1.8))
+    speed, loss = fig.subplots(1, 2, sharey=True)
+    if {"speedup_low", "speedup_high"} <= set(table):
+        low = (table["speedup"] - table["speedup_low"]).clip(lower=0)
+        high = (table["speedup_high"] - table["speedup"]).clip(lower=0)
+        speed.errorbar(table["speedup"], y, xerr=[low, high], fmt="none", ecolor="black",
+                       capsize=3, linewidth=0.8)
+    speed.barh(y, table["speedup"] - 1.0, left=1.0, color=colors, edgecolor="black", linewidth=0.5)
+    speed.axvline(1.0, color="black", linewidth=0.8)
+    speed.set_yticks(y, labels)
+    speed.set_xlabel("speed-up (step time of the baseline / of the change)")
+    speed.set_title("speed (whiskers: spread of the repeats)")
+    _loss_panel(loss, table, y, colors)
+    fig.tight_layout()
+    return fig
+
+
+def _loss_panel(ax, table: pd.DataFrame, y: list[int], colors: list[str]) -> None:
+    """Change of the validation loss per row; the tolerance as a grey band. The axis spans the
+    tolerances and the deltas of the rows that kept quality; a delta beyond it is drawn to the
+    edge and labelled with its value."""
+    delta = (table["delta_val_loss"] if "delta_val_loss" in table
+             else table["val_loss"] - table["val_loss"].iloc[0]).fillna(0.0)
+    tolerance = table["tolerance"] if "tolerance" in table else pd.Series(0.0, index=table.index)
+    inside = delta[delta.abs() <= tolerance.fillna(0.0)]
+    limit = 1.25 * max([*inside.abs(), *tolerance.fillna(0.0), 1e-9])
+    if not len(inside) or "tolerance" not in table:  # nothing to zoom to: show every delta
+        limit = 1.1 * max(delta.abs().max(), 1e-9)
+    for row, tol in zip(y, tolerance.fillna(0.0)):
+        ax.fill_betweenx([row - 0.4, row + 0.4], -tol, tol, color="0.9", zorder=0)
+    ax.barh(y, delta.clip(-limit, limit), color=colors, edgecolor="black", linewidth=0.5)
+    for row, value in zip(y, delta):
+        if abs(value) > limit:
+            ax.annotate(f"{value:+.3g}", (limit if value > 0 else -limit, row), ha="center",
+                        va="center", fontsize=8,
+                        bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red"})
+    ax.set_xlim(-limit, limit)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("validation loss - the baseline's (band: tolerance)")
+    ax.set_title("quality on the fixed validation set")
+
+
+def profile_figure(profile: pd.DataFrame) -> Figure:
+    """Milliseconds per training step by operation group, one stacked bar per configuration,
+    from rows (config, group, ms); groups with no time in any configuration are left out."""
+    if profile.empty:
+        fig = Figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, "no profile (ablate.profile_steps is 0)", ha="center")
+        return fig
+    wide = profile.pivot_table(index="config", columns="group", values="ms", sort=False,
+                               aggfunc="sum")
+    wide = wide.loc[:, (wide > 0).any()]
+    fig = Figure(figsize=(10, 0.6 * len(wide) + 2.2))
+    ax = fig.subplots()
+    left = pd.Series(0.0, index=wide.index)
+    palette = sns.color_palette("tab20", len(wide.columns))
+    for color, group in zip(palette, wide.columns):
+        ax.barh(list(wide.index), wide[group], left=left, label=group, color=color)
+        left += wide[group]
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per step")
+    ax.set_title("where a training step's time goes")
+    ax.legend(ncols=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     fig.tight_layout()
     return fig
 

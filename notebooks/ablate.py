@@ -1,13 +1,16 @@
 # %% [markdown]
-# # Ablate: what each speed switch buys
-# The baseline is the `model` and `train` sections of `params.yaml`. Every entry of
-# `ablate.switches` is flipped alone on top of it and trained for `ablate.steps` steps; the table
-# shows tokens/s relative to the baseline and the validation loss after the same steps.
+# # Ablate: the roadmap's protocol
+# Start from the trained model (the train stage's checkpoint), make one change from
+# `ablate.switches`, rerun the quick test, and keep the change only if the validation loss on a
+# fixed set stays within the switch's tolerance and the step time drops beyond the spread of the
+# repeats (PASS); FAIL, SLOWER and NO EFFECT changes are dropped. In `cumulative` mode each PASS
+# is the baseline of the rows after it. The profile splits a step of the baseline and of the
+# final configuration by operation group.
 
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_path = plot_path = None
+metrics_path = plot_path = checkpoint_dir = None
 
 # %%
 # %matplotlib inline
@@ -21,10 +24,19 @@ from ltm.ablate import ablate_stage
 from ltm.pipeline import stage_paths
 
 paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path)
-table = ablate_stage(params_path, **paths)
-table
+if checkpoint_dir is None:  # the train stage's checkpoint folder
+    checkpoint_dir = stage_paths("train", checkpoint_dir=None)["checkpoint_dir"]
+result = ablate_stage(params_path, **paths, checkpoint_dir=checkpoint_dir)
+print(result.info)
+result.table
 
 # %%
-from ltm.figures import ablate_figure
+from ltm.figures import ablate_figure, profile_figure
 
-ablate_figure(table)
+ablate_figure(result.table)
+
+# %%
+result.profile.pivot(index="group", columns="config", values="ms").round(2)
+
+# %%
+profile_figure(result.profile)
