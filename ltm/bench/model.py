@@ -1,7 +1,9 @@
-"""Timings of the model's token mixers and of cached generation, for the benchmark stage.
+"""Timings of the model's token mixers and of generation, for the benchmark stage and gpu/.
 
     rows = bench_mixers(cfg, batch=1, seq_len=1024)            # naive vs chunked, per mixer
-    rows = bench_generate(cfg, batch=1, prompt_len=16, new_tokens=256)   # cached vs uncached
+    rows = bench_generate(cfg, batch=1, prompt_len=16, new_tokens=256)   # generation paths
+    rows = bench_generate_memory(cfg, contexts=(1024, 32768))  # generation state vs context
+    rows = bench_quantization(cfg, modes=("int8",), batches=...)   # loss cost of quantising
 
 Each function returns a list of dict rows (one per measurement) for a pandas DataFrame. A time is
 the median of `repeats` runs after `warmup` runs, taken with time.perf_counter around a CUDA
@@ -9,6 +11,7 @@ synchronisation when on a GPU.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import statistics
 import time
@@ -16,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ltm.generate import Decoder, Sampling, quantization_loss_delta, quantize_model
 from ltm.mixers import make_mixer
 from ltm.model import LTM, ModelConfig
 
@@ -101,36 +105,129 @@ def _forward(mixer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return mixer(x)[0]
 
 
+# generation paths: the two references of LTM, then ltm.generate's Decoder (static buffers, CUDA
+# graph on a GPU) by weight quantisation and torch.compile
+DECODER_IMPLS = {"static": ("none", False), "compiled": ("none", True), "int8": ("int8", False),
+                 "int8-compiled": ("int8", True), "int4": ("int4", False),
+                 "int4-compiled": ("int4", True)}
+GENERATE_IMPLS = ("uncached", "cached", *DECODER_IMPLS)
+
+
+def _decoder(model: LTM, impl: str, batch: int, length: int) -> Decoder:
+    quantize, compile = DECODER_IMPLS[impl]
+    if quantize != "none":
+        model = quantize_model(copy.deepcopy(model), quantize)
+    return Decoder(model, batch, length, Sampling(temperature=0), compile=compile)
+
+
+def _generate_fns(model: LTM, impl: str, prompt: torch.Tensor, new_tokens: int):
+    """(generate, prefill or None) for one implementation: each returns new tokens / logits."""
+    T = prompt.shape[1]
+    if impl == "uncached":
+        return lambda: model.generate_uncached(prompt, max_new_tokens=new_tokens,
+                                               temperature=0)[:, T:], None
+    if impl == "cached":
+        return (lambda: model.generate(prompt, max_new_tokens=new_tokens, temperature=0)[:, T:],
+                lambda: model.forward_cached(prompt, model.new_cache(len(prompt)), last_only=True))
+    decoder = _decoder(model, impl, len(prompt), T + new_tokens - 1)
+    rows = list(prompt)
+    return lambda: decoder.generate(rows, new_tokens), lambda: decoder.prefill(rows)
+
+
 def bench_generate(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int,
-                   variants: dict | None = None, warmup: int = 1, repeats: int = 3,
-                   device: str | torch.device | None = None,
+                   variants: dict | None = None, impls: tuple[str, ...] = ("uncached", "cached",
+                                                                          "static"),
+                   warmup: int = 1, repeats: int = 3, device: str | torch.device | None = None,
                    dtype: torch.dtype = torch.float32) -> list[dict]:
-    """Time of generating new_tokens greedy tokens after a random prompt, with the cache
-    (`LTM.generate`) and by recomputing the whole sequence per token (`LTM.generate_uncached`),
-    per variant. Rows: mixer, impl, B, prompt, new_tokens, ms, tokens_per_s, speedup
-    (uncached time / this), same (both produced the same tokens)."""
+    """Greedy generation of new_tokens tokens after a random prompt, per variant and
+    implementation (GENERATE_IMPLS). Rows: mixer, impl, B, prompt, new_tokens, ms (the whole
+    generation), prefill_ms, ms_per_token (after the prefill), tokens_per_s (B * new_tokens / ms),
+    speedup (the first impl's ms / this), same (the tokens of LTM.generate, or None without
+    "cached"), error (None, or why the implementation could not run; ms is then nan)."""
     if cfg.vocab_size <= 0:
         raise ValueError("cfg.vocab_size: must be > 0 to build a model")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rows = []
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device,
                            generator=torch.Generator(device).manual_seed(0))
+    rows = []
     for name, settings in (variants or VARIANTS).items():
         model_cfg = _variant(cfg, name, settings, n_latent=0,
                              max_seq_len=max(cfg.max_seq_len, prompt_len + new_tokens))
         torch.manual_seed(0)
         model = LTM(model_cfg).to(device=device, dtype=dtype).eval()
-        outputs = {}
-        for impl, generate in (("uncached", model.generate_uncached), ("cached", model.generate)):
-            def run(generate=generate, impl=impl):
-                outputs[impl] = generate(prompt, max_new_tokens=new_tokens, temperature=0)
-            ms = median_ms(run, device, warmup, repeats)
-            rows.append(dict(mixer=name, impl=impl, B=batch, prompt=prompt_len,
-                             new_tokens=new_tokens, ms=ms,
-                             tokens_per_s=batch * new_tokens / (ms / 1e3)))
-        same = torch.equal(outputs["cached"], outputs["uncached"])
-        rows[-1]["same"] = rows[-2]["same"] = same
+        outputs, first = {}, len(rows)
+        for impl in impls:
+            row = dict(mixer=name, impl=impl, B=batch, prompt=prompt_len, new_tokens=new_tokens,
+                       ms=float("nan"), prefill_ms=float("nan"), error=None)
+            try:
+                generate, prefill = _generate_fns(model, impl, prompt, new_tokens)
+
+                def run(generate=generate, impl=impl):
+                    outputs[impl] = generate()
+                row["ms"] = median_ms(run, device, warmup, repeats)
+                if prefill is not None:
+                    row["prefill_ms"] = median_ms(prefill, device, warmup, repeats)
+            except Exception as err:  # one path failing here (a compiler, torchao) must not stop the rest
+                row["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+            row["ms_per_token"] = (row["ms"] - row["prefill_ms"]) / max(new_tokens - 1, 1)
+            row["tokens_per_s"] = batch * new_tokens / (row["ms"] / 1e3)
+            rows.append(row)
+        for row in rows[first:]:
+            ok = "cached" in outputs and row["impl"] in outputs
+            row["same"] = torch.equal(outputs[row["impl"]], outputs["cached"]) if ok else None
     return _add_speedup(rows, ("mixer",))
+
+
+def bench_generate_memory(cfg: ModelConfig, contexts: tuple[int, ...], batch: int = 1,
+                          variants: dict | None = None, steps: int = 4,
+                          device: str | torch.device | None = None,
+                          dtype: torch.dtype = torch.float32) -> list[dict]:
+    """The static generation state against context length: attention's KV cache grows with it,
+    the recurrent states do not. Rows: mixer, impl ("static"), B, context, cache_mib (the state's
+    buffers), ms_per_token (one step over a cache of that length, median of `steps`), peak_mib
+    (CUDA: peak allocated memory of the prefill and steps, weights included; nan on a CPU)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = []
+    for name, settings in (variants or VARIANTS).items():
+        for context in contexts:
+            model_cfg = _variant(cfg, name, settings, n_latent=0, max_seq_len=context)
+            torch.manual_seed(0)
+            model = LTM(model_cfg).to(device=device, dtype=dtype).eval()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            decoder = Decoder(model, batch, context, Sampling(temperature=0))
+            decoder.prefill([torch.zeros(1, dtype=torch.long, device=device)] * batch)
+            # the step attends over the whole static cache, so its cost does not depend on the
+            # position reached
+            ms = median_ms(decoder.step, device, warmup=1, repeats=steps)
+            peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
+                    else float("nan"))
+            rows.append(dict(mixer=name, impl="static", B=batch, context=context,
+                             cache_mib=decoder.cache_bytes() / 2**20, ms_per_token=ms,
+                             peak_mib=peak, speedup=float("nan")))
+            del decoder, model
+    return rows
+
+
+def bench_quantization(cfg: ModelConfig, modes: tuple[str, ...], batches: list,
+                       variants: dict | None = None, device: str | torch.device | None = None,
+                       dtype: torch.dtype = torch.float32) -> list[dict]:
+    """What weight-only quantisation costs in loss, per variant and mode, on (x, y) batches (the
+    token cache's validation split, `ltm.generate.val_batches`, for a trained model). Rows:
+    mixer, impl (the mode), loss, quantized_loss, loss_delta, error."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = []
+    for name, settings in (variants or VARIANTS).items():
+        torch.manual_seed(0)
+        model = LTM(_variant(cfg, name, settings, n_latent=0)).to(device=device, dtype=dtype)
+        for mode in modes:
+            row = dict(mixer=name, impl=mode, error=None)
+            try:
+                row.update(quantization_loss_delta(model, mode, batches))
+            except Exception as err:  # e.g. int4 off CUDA, torchao missing
+                row["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+            rows.append(row)
+    return rows
 
 
 def _add_speedup(rows: list[dict], group_keys: tuple[str, ...]) -> list[dict]:

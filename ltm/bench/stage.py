@@ -14,7 +14,7 @@ import torch
 
 from ltm.bench.kernels import KernelBenchConfig
 from ltm.bench.kernels import run as run_kernels
-from ltm.bench.model import bench_generate, bench_mixers
+from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
 from ltm.model import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
 
@@ -29,10 +29,22 @@ class MixerBench:
 
 @dataclass
 class GenerateBench:
-    batch: int = 1
+    batches: list[int] = field(default_factory=lambda: [1])  # tokens/s at each batch size
     prompt_len: int = 16
     new_tokens: int = 64
     repeats: int = 2
+    # of uncached (recompute the sequence per token), cached (LTM.generate), static (ltm.generate's
+    # Decoder, a CUDA graph on a GPU), compiled, int8, int8-compiled, int4, int4-compiled
+    impls: list[str] = field(default_factory=lambda: ["uncached", "cached", "static"])
+    # generation state and time per token against context length (empty: none)
+    contexts: list[int] = field(default_factory=lambda: [64, 256])
+
+    def __post_init__(self) -> None:
+        check(len(self.batches) > 0 and all(b >= 1 for b in self.batches), "batches",
+              f"must be one or more sizes >= 1, got {self.batches}")
+        check(all(impl in GENERATE_IMPLS for impl in self.impls), "impls",
+              f"each must be one of {', '.join(GENERATE_IMPLS)}, got {self.impls}")
+        check(all(n >= 2 for n in self.contexts), "contexts", f"must be >= 2, got {self.contexts}")
 
 
 @dataclass
@@ -61,9 +73,15 @@ def _mixer_rows(model_cfg: ModelConfig, cfg: MixerBench, device: torch.device) -
 
 
 def _generate_rows(model_cfg: ModelConfig, cfg: GenerateBench, device: torch.device) -> list[dict]:
-    rows = bench_generate(model_cfg, cfg.batch, cfg.prompt_len, cfg.new_tokens,
-                          repeats=cfg.repeats, device=device)
-    return [dict(r, group=f"generate {cfg.new_tokens} tokens", case=r["mixer"]) for r in rows]
+    rows = []
+    for batch in cfg.batches:
+        rows += [dict(r, group=f"generate {cfg.new_tokens} tokens B={batch}", case=r["mixer"])
+                 for r in bench_generate(model_cfg, batch, cfg.prompt_len, cfg.new_tokens,
+                                         impls=tuple(cfg.impls), repeats=cfg.repeats,
+                                         device=device)]
+    memory = bench_generate_memory(model_cfg, tuple(cfg.contexts), device=device)
+    return rows + [dict(r, group="generate state", case=f"{r['mixer']} L={r['context']}")
+                   for r in memory]
 
 
 def _kernel_rows(cfg: KernelBenchConfig, device: torch.device) -> list[dict]:
