@@ -9,11 +9,12 @@ as one process that takes it whole.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from ltm.cache import RawTextSampler, TokenCache, read_meta
+from ltm.cache import SPLITS, RawTextSampler, TokenCache, cache_fingerprint, read_meta, verify_cache
 from ltm.model import ModelConfig
 from ltm.params import ParamsError
 
@@ -93,3 +94,24 @@ def with_vocab(model_cfg: ModelConfig, cache_dir: str, source: str) -> ModelConf
     return model_cfg
 
 
+def check_lengths(model_cfg: ModelConfig, seq_len: int) -> None:
+    """train.seq_len against model.max_seq_len, before a model is built (the forward pass would
+    fail on it only after building, compiling and probing the batch size)."""
+    if seq_len > model_cfg.max_seq_len:
+        raise ParamsError(f"train.seq_len: {seq_len} is longer than "
+                          f"model.max_seq_len={model_cfg.max_seq_len}")
+
+
+def check_data(source: str, cache_dir: str, seq_len: int, stamp_path: str | Path) -> str:
+    """Before training: the token cache checked against its meta.json (in full once, then by
+    size and mtime: see verify_cache) and each split long enough for one window of seq_len.
+    Returns the fingerprint of the data, which a checkpoint must match to be resumed."""
+    if source == "synthetic":
+        return "synthetic"  # random tokens: the seed and vocab_size, in the configs, decide them
+    verify_cache(cache_dir, stamp_path)
+    for split in SPLITS:
+        # validation reads the token cache even when training tokenises raw text
+        data = (RawTextSampler(cache_dir, split) if source == "raw" and split == "train"
+                else TokenCache(cache_dir, split, verify=False))
+        data.check_length(seq_len)
+    return cache_fingerprint(cache_dir)

@@ -120,37 +120,95 @@ def read_meta(cache_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def cache_fingerprint(cache_dir: str | Path) -> str:
+    """sha256 of meta.json's content (the shards' and tokenizer's checksums, the documents of each
+    split): what a checkpoint must have been trained on to be resumed."""
+    return hashlib.sha256(json.dumps(read_meta(cache_dir), sort_keys=True).encode()).hexdigest()
+
+
+def verify_cache(cache_dir: str | Path, stamp_path: str | Path) -> None:
+    """Check every shard against meta.json before training: its sha256 and a scan for token ids
+    outside the vocabulary. A shard is read in full only when its size or mtime differs from
+    what the stamp file recorded when it last passed, so a restart costs a stat per shard."""
+    cache_dir, stamp_path = Path(cache_dir).resolve(), Path(stamp_path)
+    meta = read_meta(cache_dir)
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    passed = {}
+    for shard in (s for split in SPLITS for s in meta["splits"][split]["shards"]):
+        path = cache_dir / shard["file"]
+        if not path.is_file():
+            raise DataError(f"{path}: shard missing from the token cache; rebuild it (dvc repro tokenize)")
+        stat = path.stat()
+        passed[str(path)] = [stat.st_size, stat.st_mtime_ns, shard["sha256"]]
+        if stamp.get(str(path)) != passed[str(path)]:
+            _verify_shard(path, shard["sha256"], meta)
+    if passed != stamp:
+        stamp_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stamp_path.with_name(f".{stamp_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(passed, indent=1))
+        os.replace(tmp, stamp_path)
+
+
+def _verify_shard(path: Path, sha256: str, meta: dict) -> None:
+    if _sha256(path) != sha256:
+        raise DataError(f"{path}: checksum does not match {META_FILE}; the cache is corrupt "
+                        "or was changed by hand, rebuild it (dvc repro tokenize)")
+    _check_ids(np.memmap(path, dtype=meta["dtype"], mode="r"), meta["vocab_size"], path, 0)
+
+
+def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path, offset: int) -> None:
+    """A DataError naming the shard at the first id >= vocab_size (the embedding would fail on it
+    with an IndexError, or a device-side assert on a GPU). `offset`: where `tokens` starts in it."""
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        position = int(np.argmax(tokens >= vocab_size))
+        raise DataError(f"{path}: token id {int(tokens[position])} at position {offset + position} "
+                        f"is outside the vocabulary of {vocab_size}; the cache is corrupt, "
+                        "rebuild it (dvc repro tokenize)")
+
+
 class TokenCache:
     """One split of the token cache, served as (x, y) windows of int64 token ids."""
 
     def __init__(self, cache_dir: str | Path, split: str = "train", verify: bool = True) -> None:
         if split not in SPLITS:
             raise DataError(f"split must be one of {SPLITS}, got '{split}'")
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir, self.split = Path(cache_dir), split
         self.meta = read_meta(cache_dir)
         self.vocab_size: int = self.meta["vocab_size"]
-        self.shards = []
+        self.shards, self.paths = [], []
         for shard in self.meta["splits"][split]["shards"]:
             path = self.cache_dir / shard["file"]
             if not path.is_file():
                 raise DataError(f"{path}: shard missing from the token cache; rebuild it (dvc repro tokenize)")
-            if verify and _sha256(path) != shard["sha256"]:
-                raise DataError(f"{path}: checksum does not match {META_FILE}; the cache is corrupt "
-                                "or was changed by hand, rebuild it (dvc repro tokenize)")
+            if verify:
+                _verify_shard(path, shard["sha256"], self.meta)
             self.shards.append(np.memmap(path, dtype=self.meta["dtype"], mode="r"))
+            self.paths.append(path)
         self.num_tokens = sum(len(s) for s in self.shards)
 
-    def _check_length(self, seq_len: int) -> None:
+    def check_length(self, seq_len: int) -> None:
+        """A DataError unless one shard holds a window of seq_len + 1 tokens."""
         longest = max((len(s) for s in self.shards), default=0)
         if seq_len + 1 > longest:
-            raise DataError(f"seq_len={seq_len} needs {seq_len + 1} tokens in one shard; the longest "
-                            f"has {longest}: use a shorter seq_len or a larger corpus")
+            raise DataError(f"{self.cache_dir} ({self.split} split): train.seq_len={seq_len} needs "
+                            f"{seq_len + 1} tokens in one shard; the longest has {longest}: use a "
+                            "shorter seq_len or a larger corpus")
+
+    def _window(self, index: int, start: int, seq_len: int) -> np.ndarray:
+        """Tokens start .. start + seq_len of shard `index`, as int64, their ids checked: a
+        cache opened without verification fails here with the shard's name, not in the model."""
+        window = np.asarray(self.shards[index][start:start + seq_len + 1], dtype=np.int64)
+        _check_ids(window, self.vocab_size, self.paths[index], start)
+        return window
 
     def sample_batch(self, batch_size: int, seq_len: int,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Random windows: x (B, T) and y = x shifted by one, int64 on the CPU. The generator's
         state is the data position, so a checkpoint of it resumes the same stream."""
-        self._check_length(seq_len)
+        self.check_length(seq_len)
         # windows per shard decide which shard a draw falls in, so every window is equally likely
         windows = torch.tensor([max(len(s) - seq_len, 0) for s in self.shards], dtype=torch.float64)
         picks = torch.randint(int(windows.sum()), (batch_size,), generator=generator)
@@ -159,18 +217,18 @@ class TokenCache:
         for pick in picks.tolist():
             index = int(torch.searchsorted(bounds, pick, right=True))
             start = pick - int(bounds[index] - windows[index])
-            rows.append(np.asarray(self.shards[index][start:start + seq_len + 1], dtype=np.int64))
+            rows.append(self._window(index, start, seq_len))
         batch = torch.from_numpy(np.stack(rows))
         return batch[:, :-1], batch[:, 1:]
 
     def eval_batches(self, batch_size: int, seq_len: int,
                      max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Sequential, non-overlapping windows from the start of each shard, in batches."""
-        self._check_length(seq_len)
+        self.check_length(seq_len)
         rows, produced = [], 0
-        for shard in self.shards:
+        for index, shard in enumerate(self.shards):
             for start in range(0, len(shard) - seq_len, seq_len):
-                rows.append(np.asarray(shard[start:start + seq_len + 1], dtype=np.int64))
+                rows.append(self._window(index, start, seq_len))
                 if len(rows) == batch_size:
                     batch = torch.from_numpy(np.stack(rows))
                     yield batch[:, :-1], batch[:, 1:]
@@ -193,13 +251,22 @@ class RawTextSampler:
         self.text = (Path(cache_dir) / f"{split}.txt").read_text()
         split_meta = self.meta["splits"][split]
         self.bytes_per_token = split_meta["bytes"] / max(split_meta["tokens"], 1)
+        self.where = f"{Path(cache_dir) / f'{split}.txt'}"
+
+    def _span(self, seq_len: int) -> int:
+        # cut generously so that the span almost always holds seq_len + 1 tokens
+        return int((seq_len + 1) * self.bytes_per_token * 1.5) + 16
+
+    def check_length(self, seq_len: int) -> None:
+        """A DataError unless the text is longer than a span of seq_len + 1 tokens."""
+        if self._span(seq_len) >= len(self.text):
+            raise DataError(f"{self.where}: train.seq_len={seq_len} is too long for its "
+                            f"{len(self.text)} characters of raw text")
 
     def sample_batch(self, batch_size: int, seq_len: int,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        # cut generously so that the span almost always holds seq_len + 1 tokens
-        span = int((seq_len + 1) * self.bytes_per_token * 1.5) + 16
-        if span >= len(self.text):
-            raise DataError(f"seq_len={seq_len} is too long for the {len(self.text)} characters of raw text")
+        self.check_length(seq_len)
+        span = self._span(seq_len)
         rows = []
         while len(rows) < batch_size:
             start = int(torch.randint(len(self.text) - span, (1,), generator=generator))

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,11 @@ import torch.distributed as dist
 CHECKPOINT_FILE = "last.pt"
 # keys of the train section that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("steps", "resume")
+# the token cache last verified in full (ltm.cache.verify_cache), kept with the checkpoint: run
+# state, not the cache's (a DVC output that a file of ours would change)
+STAMP_FILE = ".cache_verified.json"
+# save_checkpoint's temp file: .<name>.<pid of the writer>.tmp
+TEMP_NAME = re.compile(r"\.(.+)\.([0-9]+)\.tmp")
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
@@ -29,11 +35,61 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete the temp files that writers killed mid-write (kill -9 gives them no chance to clean
+    up) left in `folder`: those whose writer process is gone, or is this process, which is not
+    writing when it calls this. Returns the files removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        match = TEMP_NAME.fullmatch(path.name)
+        if match and path.is_file() and not _alive(int(match.group(2))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def all_finite(*trees: Any) -> bool:
+    """Whether every floating-point tensor in the nested dicts / lists `trees` (state dicts of a
+    model and an optimiser) is finite: one reduction on the device, one wait for it."""
+    flags = [torch.isfinite(t).all() for t in _tensors(trees) if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def _tensors(tree: Any):
+    if torch.is_tensor(tree):
+        yield tree
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)
 
 
 def load_checkpoint(path: str | Path) -> dict | None:
@@ -59,9 +115,11 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def resume_mismatch(checkpoint: dict, model_cfg: dict, train_cfg: dict, world_size: int) -> str | None:
+def resume_mismatch(checkpoint: dict, model_cfg: dict, train_cfg: dict, world_size: int,
+                    data: str) -> str | None:
     """Why the run described by the arguments cannot continue `checkpoint`, or None if it can.
-    The code and everything in the configs must match, except the keys in RESUMABLE_CHANGES."""
+    The code, the data (`data`: the fingerprint of the token cache, see ltm.cache) and everything
+    in the configs must match, except the keys in RESUMABLE_CHANGES."""
     if checkpoint.get("code") != code_fingerprint():
         return "the ltm code has changed since it was written"
     if checkpoint.get("world_size") != world_size:
@@ -72,6 +130,9 @@ def resume_mismatch(checkpoint: dict, model_cfg: dict, train_cfg: dict, world_si
         for key, value_now, value_then in _differences(now, then, section):
             if key.split(".", 1)[1] not in skip:
                 return f"{key} was {value_then!r}, now {value_now!r}"
+    # e.g. data.val_fraction changed: the cache was rebuilt, the model and train sections were not
+    if checkpoint.get("data") != data:
+        return "the token cache has changed since it was written"
     return None
 
 

@@ -22,7 +22,7 @@ from ltm.params import ParamsError
 
 KERNEL_NAME = "ltm"
 # errors whose message is meant for the user as it is; anything else is a bug and shows its type
-USER_ERRORS = {"ParamsError", "DataError"}
+USER_ERRORS = {"ParamsError", "DataError", "TrainingDiverged"}
 
 
 def enter_project_root(start: str | Path | None = None) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,8 +18,28 @@ import yaml
 T = TypeVar("T")
 
 
+# the sections of params.yaml, one per stage (and model, read by several): any other is a typo
+SECTIONS = ("data", "model", "train", "ablate", "report", "benchmark")
+# floats that YAML 1.2 (DVC's ruamel) reads as numbers and YAML 1.1 (PyYAML) as text: an exponent
+# without a dot or without a sign, e.g. 1e-3 or 1.0e5, as `dvc exp run -S train.lr=1e-3` writes
+EXPONENT_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")
+
+
 class ParamsError(ValueError):
     """A params.yaml value is missing, unknown, of the wrong type or out of range."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads YAML 1.2's exponent floats as floats."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(f"^(?:{EXPONENT_FLOAT.pattern})$"),
+                              list("-+.0123456789"))
+
+
+def load_yaml(text: str):
+    """Parse YAML as DVC does for numbers: 1e-3 is a float, not the text '1e-3'."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def read_params(path: str | Path = "params.yaml") -> dict:
@@ -26,12 +47,20 @@ def read_params(path: str | Path = "params.yaml") -> dict:
     if not path.is_file():
         raise ParamsError(f"{path}: no such parameters file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ParamsError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ParamsError(f"{path}: top level must be a mapping of sections")
+    for section in data:
+        if section not in SECTIONS:
+            raise ParamsError(f"{path}: unknown section '{section}'{_did_you_mean(section, SECTIONS)}")
     return data
+
+
+def _did_you_mean(name: Any, choices) -> str:
+    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -> T:
@@ -51,9 +80,7 @@ def from_mapping(cls: type[T], mapping: Any, where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in mapping:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ParamsError(f"{where}.{key}: unknown parameter{hint}")
+            raise ParamsError(f"{where}.{key}: unknown parameter{_did_you_mean(key, fields)}")
     hints = typing.get_type_hints(cls)
     values = {name: _convert(mapping[name], hints[name], f"{where}.{name}")
               for name in fields if name in mapping}
@@ -136,6 +163,9 @@ def _convert_scalar(value: Any, tp: Any, where: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        # a mapping read by plain yaml.safe_load still holds 1e-3 as text
+        if isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
+            return float(value)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -153,14 +183,22 @@ def check(condition: bool, field: str, message: str) -> None:
 
 def apply_override(params: dict, assignment: str, where: str = "override") -> None:
     """Apply 'section.key=value' (value read as YAML) to the nested dict `params`, in place.
-    Unknown keys are caught later by `from_mapping`, with the usual one-line error."""
+    Unknown sections stop here; unknown keys are caught later by `from_mapping`, with the usual
+    one-line error."""
     key, sep, value = assignment.partition("=")
     *parents, leaf = key.strip().split(".")
     if not sep or not parents or not all(parents) or not leaf:
         raise ParamsError(f"{where}: '{assignment}' is not of the form section.key=value")
+    if parents[0] not in SECTIONS:
+        raise ParamsError(f"{where}: unknown section '{parents[0]}' in '{assignment}'"
+                          f"{_did_you_mean(parents[0], SECTIONS)}")
     node = params
     for name in parents:
         node = node.setdefault(name, {})
         if not isinstance(node, dict):
             raise ParamsError(f"{where}: '{key}' goes below the plain value of '{name}'")
-    node[leaf] = yaml.safe_load(value)
+    try:
+        node[leaf] = load_yaml(value)
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{where}: '{assignment}': the value is not valid YAML "
+                          f"({str(err).splitlines()[0]})") from None

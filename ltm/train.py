@@ -30,8 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ltm import checkpoint as ckpt
-from ltm.batches import MicroBatches, open_source, with_vocab
+from ltm.batches import MicroBatches, check_data, check_lengths, open_source, with_vocab
 from ltm.cache import cache_dir_of
+from ltm.corpus import DataError
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
 from ltm.latent import LatentConfig, validation_metrics
 from ltm.losses import LossModel
@@ -229,6 +230,10 @@ class Trainer:
         self.model_cfg = with_vocab(model_cfg, cache_dir, self.source)
         self.cache_dir, self.progress = cache_dir, progress
         self.path = Path(out_dir) / ckpt.CHECKPOINT_FILE
+        # before any model is built or compiled: a bad length or a corrupt cache fails in seconds
+        check_lengths(self.model_cfg, cfg.seq_len)
+        stamp = self.path.with_name(ckpt.STAMP_FILE)
+        self.data = check_data(self.source, cache_dir, cfg.seq_len, stamp)
         seed_everything(cfg.seed)
         self.model = LTM(self.model_cfg).to(self.device)
         self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent)
@@ -254,10 +259,12 @@ class Trainer:
     def try_resume(self) -> dict | None:
         """Load the checkpoint if resuming is asked for and it matches; its stored metrics if the
         run it holds is already complete."""
+        if self.rank == 0 and ckpt.remove_stale_temps(self.path.parent):
+            self.say(f"removed the temporary files of a killed checkpoint write in {self.path.parent}")
         saved = ckpt.load_checkpoint(self.path) if self.cfg.resume else None
         if saved is None:
             return None
-        why = ckpt.resume_mismatch(saved, *self.config_dicts(), self.world)
+        why = ckpt.resume_mismatch(saved, *self.config_dicts(), self.world, self.data)
         if why is None and saved["step"] > self.cfg.steps:
             why = f"it is at step {saved['step']}, past train.steps={self.cfg.steps}"
         if why is not None:
@@ -274,6 +281,10 @@ class Trainer:
 
     def save(self, metrics: dict | None = None) -> None:
         self.flush()
+        # a finite loss is computed before the update that may break the weights: check them
+        if not ckpt.all_finite(self.model.state_dict(), self.optimizer.state_dict()["state"]):
+            raise TrainingDiverged(f"the weights or optimiser state are not finite after step "
+                                   f"{self.step}: stopped; {self.kept()}")
         rng = ckpt.all_rng_states()
         if self.rank == 0:
             ckpt.save_checkpoint(self.path, {
@@ -282,7 +293,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "rng": rng, "history": self.history, "metrics": metrics,
                 "model_cfg": self.config_dicts()[0], "train_cfg": self.config_dicts()[1],
-                "world_size": self.world, "code": ckpt.code_fingerprint()})
+                "world_size": self.world, "code": ckpt.code_fingerprint(), "data": self.data})
         self.last_saved = self.step
 
     def loader(self):
@@ -331,11 +342,13 @@ class Trainer:
             losses /= self.world
         for (step, _, seconds), value in zip(self.pending, losses.tolist()):
             if not math.isfinite(value):
-                kept = (f"the last good checkpoint, step {self.last_saved}, is kept at {self.path}"
-                        if self.last_saved is not None else "no checkpoint was written")
-                raise TrainingDiverged(f"train loss is {value} at step {step}: stopped; {kept}")
+                raise TrainingDiverged(f"train loss is {value} at step {step}: stopped; {self.kept()}")
             self.history.append({"step": step, "split": "train", "loss": value, "seconds": seconds})
         self.pending = []
+
+    def kept(self) -> str:
+        return (f"the last good checkpoint, step {self.last_saved}, is kept at {self.path}"
+                if self.last_saved is not None else "no checkpoint was written")
 
     def run(self) -> TrainResult:
         finished = self.try_resume()
@@ -528,16 +541,27 @@ def main() -> None:
     parser.add_argument("--metrics", help="metrics JSON")
     parser.add_argument("--plot", help="loss-curve CSV")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args()
     try:
         paths = stage_paths("train", checkpoint_dir=args.out_dir, metrics_path=args.metrics,
                             plot_path=args.plot)
         train_stage(args.params, **paths, overrides=args.set, progress=not args.no_progress)
-    except (ParamsError, TrainingDiverged) as err:
-        raise SystemExit(f"error: {err}") from None
+    except Exception as err:  # one line for the user: the traceback is behind --debug
+        if args.debug:
+            raise
+        raise SystemExit(f"error: {one_line(err)}") from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def one_line(err: Exception) -> str:
+    """A user error's message; anything else (a bug) with its type and a pointer to --debug."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if isinstance(err, (ParamsError, DataError, TrainingDiverged)):
+        return " ".join(lines)
+    return f"{type(err).__name__}: {lines[0] if lines else ''} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

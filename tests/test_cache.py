@@ -1,9 +1,12 @@
+import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from ltm import cache as cache_module
 from ltm.cache import DataConfig, RawTextSampler, TokenCache, build_cache, tokenize_stage
 from ltm.corpus import DataError
 from ltm.params import ParamsError
@@ -107,6 +110,58 @@ def test_stage_reads_params_and_writes_metrics(corpus_dir, tmp_path):
     assert json.loads((tmp_path / "m.json").read_text()) == metrics
     assert splits.split.tolist() == ["train", "val"] and splits.tokens.sum() == metrics["tokens"]
     assert metrics["vocab_size"] <= 280
-    params.write_text("data:\n  val_fraction: 1.5\n")
+    params.write_text(f"data:\n  val_fraction: 1.5\n  cache_dir: {tmp_path / 'c'}\n")
     with pytest.raises(ParamsError, match="data.val_fraction: must be in"):
         tokenize_stage(params, tmp_path / "m.json")
+
+
+def copy_of(cache_dir, dest):
+    shutil.copytree(cache_dir, dest)
+    return dest
+
+
+def test_the_training_path_hashes_each_shard_once_then_checks_size_and_mtime(cache, tmp_path,
+                                                                             monkeypatch):
+    cache_dir = copy_of(cache[0], tmp_path / "cache")
+    stamp = tmp_path / "ckpt" / "stamp.json"
+    hashed = []
+    sha256 = cache_module._sha256
+    monkeypatch.setattr(cache_module, "_sha256", lambda path: hashed.append(path.name) or sha256(path))
+    cache_module.verify_cache(cache_dir, stamp)
+    meta = json.loads((cache_dir / "meta.json").read_text())
+    shards = [s["file"] for split in meta["splits"].values() for s in split["shards"]]
+    assert sorted(hashed) == sorted(shards)
+    hashed.clear()
+    cache_module.verify_cache(cache_dir, stamp)
+    assert hashed == []
+    # a flipped low byte: same size, another mtime, so hashed again, and caught
+    shard = cache_dir / "train_000.bin"
+    original = shard.read_bytes()
+    shard.write_bytes(bytes([original[0] ^ 1]) + original[1:])
+    with pytest.raises(DataError) as err:
+        cache_module.verify_cache(cache_dir, stamp)
+    assert str(err.value) == (f"{shard}: checksum does not match meta.json; the cache is corrupt "
+                              "or was changed by hand, rebuild it (dvc repro tokenize)")
+    assert hashed == ["train_000.bin"]
+
+
+def test_token_ids_outside_the_vocabulary_name_the_shard(cache, tmp_path):
+    cache_dir = copy_of(cache[0], tmp_path / "cache")
+    shard = cache_dir / "train_000.bin"
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[5] = 65000
+    tokens.tofile(shard)
+    # the checksum in meta.json follows, so only the ids can tell
+    meta = json.loads((cache_dir / "meta.json").read_text())
+    meta["splits"]["train"]["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (cache_dir / "meta.json").write_text(json.dumps(meta))
+    message = (f"{shard}: token id 65000 at position 5 is outside the vocabulary of "
+               f"{meta['vocab_size']}; the cache is corrupt, rebuild it (dvc repro tokenize)")
+    with pytest.raises(DataError) as err:
+        cache_module.verify_cache(cache_dir, tmp_path / "stamp.json")
+    assert str(err.value) == message
+    # a cache opened without verification stops at the first window that holds the id
+    train = TokenCache(cache_dir, "train", verify=False)
+    with pytest.raises(DataError) as err:
+        next(train.eval_batches(2, 16))
+    assert str(err.value) == message

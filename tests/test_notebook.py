@@ -43,6 +43,21 @@ def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
     assert main(["missing.py", "x.ipynb"]) == 2
 
 
+DIVERGED = '''# %%
+from ltm.train import TrainingDiverged
+raise TrainingDiverged("train loss is nan at step 3: stopped; no checkpoint was written")
+'''
+
+
+def test_a_diverged_run_ends_in_its_own_line(tmp_path, monkeypatch, capsys):
+    # the stage runner's view of the train stage: the message, not a type name and a pointer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(DIVERGED)
+    assert main(["train.py", "train.ipynb"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "ltm: train.py failed: train loss is nan at step 3: stopped; no checkpoint was written"
+
+
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.py")), ids=lambda p: p.stem)
 def test_saving_from_jupyterlab_leaves_the_tracked_py_unchanged(path):
     # what a save in JupyterLab does: the paired .ipynb (now with kernel metadata) written back to

@@ -1,9 +1,12 @@
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import pytest
 
-from ltm.params import ParamsError, check, from_mapping, load_section
+from ltm import params as ltm_params
+from ltm.params import (ParamsError, apply_override, check, from_mapping, load_section,
+                        read_params)
 
 
 @dataclass
@@ -85,3 +88,47 @@ def test_repository_params_file_loads_every_section():
     from ltm.cache import DataConfig
     root = Path(__file__).resolve().parents[1]
     assert load_section(DataConfig, "data", root / "params.yaml").vocab_size >= 257
+
+
+@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("3.0e-4", 3e-4), ("1E5", 1e5),
+                                         ("-2e+2", -200.0), ("0.5", 0.5), ("7", 7.0)])
+def test_floats_in_every_form_yaml_1_2_writes_are_numbers(tmp_path, text, value):
+    # `dvc exp run -S train.lr=1e-3` writes `lr: 1e-3`, which DVC reads as a number and YAML 1.1
+    # (PyYAML) as text: in a file, in a --set override and in a mapping read elsewhere
+    path = tmp_path / "params.yaml"
+    path.write_text(f"train:\n  lr: {text}\n")
+    assert load_section(Outer, "train", path).lr == value
+    params = {}
+    apply_override(params, f"train.lr={text}")
+    assert from_mapping(Outer, params["train"], "train").lr == value
+    if "e" in text.lower():
+        # the text YAML 1.1 leaves it as, in a mapping that plain yaml.safe_load read
+        assert from_mapping(Outer, {"lr": text}, "train").lr == value
+
+
+def test_integers_stay_strict():
+    with pytest.raises(ParamsError, match=r"^train.steps: expected int, got 1000.0$"):
+        from_mapping(Outer, read_yaml_value("1e3"), "train")
+    with pytest.raises(ParamsError, match=r"^train.steps: expected int, got '1e3'$"):
+        from_mapping(Outer, {"steps": "1e3"}, "train")
+    with pytest.raises(ParamsError, match=r"^train.lr: expected float, got 'fast'$"):
+        from_mapping(Outer, {"lr": "fast"}, "train")
+
+
+def read_yaml_value(text: str) -> dict:
+    params = {}
+    apply_override(params, f"train.steps={text}")
+    return params["train"]
+
+
+def test_unknown_sections_are_errors_with_a_suggestion(tmp_path):
+    with pytest.raises(ParamsError) as err:
+        apply_override({}, "trian.lr=1", "--set")
+    assert str(err.value) == "--set: unknown section 'trian' in 'trian.lr=1' (did you mean 'train'?)"
+    path = tmp_path / "params.yaml"
+    path.write_text("modle:\n  d_model: 64\ntrain:\n  steps: 3\n")
+    with pytest.raises(ParamsError) as err:
+        read_params(path)
+    assert str(err.value) == f"{path}: unknown section 'modle' (did you mean 'model'?)"
+    # every section of the repository's params.yaml is known
+    assert set(read_params(Path(__file__).resolve().parents[1] / "params.yaml")) <= set(ltm_params.SECTIONS)

@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import torch
 import yaml
 
 from ltm import checkpoint as ckpt
+from ltm import train as train_module
 from ltm.cache import DataConfig, build_cache
+from ltm.corpus import DataError
+from ltm.latent import LatentConfig
 from ltm.model import ModelConfig
 from ltm.params import ParamsError, from_mapping
 from ltm.train import (OptConfig, TrainConfig, Trainer, TrainingDiverged, lr_factor,
@@ -33,17 +37,25 @@ def one_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("train_corpus")
+def write_corpus(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng()
     words = ["king", "queen", "crown", "sword", "night", "love", "death", "the", "of", "and"]
     for i in range(8):
         (root / f"doc{i}.txt").write_text(f"Document {i}.\n" + " ".join(rng.choice(words, 600)) + "\n")
-    cache = tmp_path_factory.mktemp("train_cache")
-    build_cache(DataConfig(source=str(root), vocab_size=300, val_fraction=0.25, shard_tokens=4096,
-                           cache_dir=str(cache)), progress=False)
+    return root
+
+
+def make_cache(corpus: Path, cache: Path, val_fraction: float = 0.25) -> str:
+    build_cache(DataConfig(source=str(corpus), vocab_size=300, val_fraction=val_fraction,
+                           shard_tokens=4096, cache_dir=str(cache)), progress=False)
     return str(cache)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    corpus = write_corpus(tmp_path_factory.mktemp("train_corpus"))
+    return make_cache(corpus, tmp_path_factory.mktemp("train_cache"))
 
 
 def tiny(mixer: str = "attention", **train) -> tuple[ModelConfig, TrainConfig]:
@@ -284,7 +296,8 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
                           dict(steps=2, batch_size=2, seq_len=16, eval_batches=1, resume=False))
     result = train_stage(params, str(tmp_path / "ckpt"), tmp_path / "m" / "train.json",
                          tmp_path / "p" / "train_loss.csv",
-                         overrides=["model.mixer=deltanet", "train.steps=3"], progress=False)
+                         overrides=["model.mixer=deltanet", "train.steps=3", "train.lr=1e-3"],
+                         progress=False)
     assert result.metrics["mixer"] == "deltanet" and result.metrics["steps"] == 3
     assert json.loads((tmp_path / "m" / "train.json").read_text())["steps"] == 3
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
@@ -299,7 +312,7 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
 
 
 def test_latent_thoughts_train_the_cross_attention(cache_dir, tmp_path):
-    model_cfg, cfg = tiny(steps=2, latent_steps=2, opt={"fused_loss": True})
+    model_cfg, cfg = tiny(steps=2, latent=LatentConfig(steps=2), opt={"fused_loss": True})
     model_cfg = ModelConfig(**{**model_cfg.__dict__, "n_latent": 2})
     trainer = Trainer(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".cross." in n}
@@ -309,3 +322,127 @@ def test_latent_thoughts_train_the_cross_attention(cache_dir, tmp_path):
     after = dict(trainer.model.named_parameters())
     unchanged = [n for n in before if torch.equal(before[n], after[n])]
     assert before and not unchanged, f"cross-attention not trained: {unchanged}"
+
+
+def test_a_changed_token_cache_is_not_resumed(tmp_path, capsys):
+    # the issue's scenario: data.val_fraction 0.1 -> 0.2 rebuilds the cache, the train and model
+    # sections stay the same, and the old checkpoint's val_loss must not be reported again
+    corpus = write_corpus(tmp_path / "corpus")
+    cache = make_cache(corpus, tmp_path / "cache", val_fraction=0.25)
+    model_cfg, cfg = tiny(steps=2, eval_every=2, resume=True)
+    first = run_training(model_cfg, cfg, cache, str(tmp_path / "ckpt"), progress=False)
+    make_cache(corpus, tmp_path / "cache", val_fraction=0.5)
+    capsys.readouterr()
+    again = run_training(model_cfg, cfg, cache, str(tmp_path / "ckpt"), progress=False)
+    out = capsys.readouterr().out
+    assert (f"not resuming from {tmp_path / 'ckpt' / ckpt.CHECKPOINT_FILE}: the token cache has "
+            "changed since it was written; starting fresh") in out
+    assert "already holds" not in out and again.metrics["val_loss"] != first.metrics["val_loss"]
+
+
+def finite_tensors(tree) -> list[bool]:
+    if torch.is_tensor(tree):
+        return [bool(torch.isfinite(tree).all())] if tree.is_floating_point() else []
+    if isinstance(tree, dict):
+        return [ok for value in tree.values() for ok in finite_tensors(value)]
+    if isinstance(tree, (list, tuple)):
+        return [ok for value in tree for ok in finite_tensors(value)]
+    return []
+
+
+def test_divergence_keeps_a_finite_checkpoint_and_resumes_from_it(cache_dir, tmp_path):
+    # the issue's scenario: lr 1e6, a checkpoint every step; the weights turn NaN in an update
+    # whose loss (computed before it) was still finite
+    model_cfg, cfg = tiny(steps=12, lr=1e6, warmup_steps=0, checkpoint_every=1, resume=True)
+    with pytest.raises(TrainingDiverged) as err:
+        run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    saved = ckpt.load_checkpoint(tmp_path / ckpt.CHECKPOINT_FILE)
+    assert saved is not None, f"{err.value} (seed {cfg.seed})"
+    assert f"the last good checkpoint, step {saved['step']}, is kept" in str(err.value)
+    weights, moments = finite_tensors(saved["model"]), finite_tensors(saved["optimizer"]["state"])
+    assert weights and moments and all(weights) and all(moments), f"seed {cfg.seed}"
+    trainer = Trainer(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    assert trainer.try_resume() is None and trainer.step == saved["step"]
+    assert all(finite_tensors(trainer.model.state_dict()))
+    assert all(finite_tensors(trainer.optimizer.state_dict()["state"]))
+
+
+def flipped(cache_dir: str, dest: Path, offset: int) -> str:
+    shutil.copytree(cache_dir, dest)
+    shard = dest / "train_000.bin"
+    data = bytearray(shard.read_bytes())
+    data[offset] ^= 0x40
+    shard.write_bytes(bytes(data))
+    return str(dest)
+
+
+@pytest.mark.parametrize("offset", [100, 101], ids=["low-byte", "high-byte"])
+def test_a_corrupt_cache_stops_training_before_it_starts(cache_dir, tmp_path, offset):
+    # uint16 tokens, little-endian: a flipped high byte makes an id far outside the vocabulary
+    corrupt = flipped(cache_dir, tmp_path / "cache", offset)
+    model_cfg, cfg = tiny(steps=2)
+    with pytest.raises(DataError, match=r"train_000.bin: checksum does not match meta.json"):
+        run_training(model_cfg, cfg, corrupt, str(tmp_path / "ckpt"), progress=False)
+
+
+def test_lengths_are_checked_before_the_model_is_built(cache_dir, tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the configuration was checked")
+
+    monkeypatch.setattr(train_module, "LTM", no_model)
+    model_cfg, cfg = tiny(seq_len=64)
+    with pytest.raises(ParamsError) as err:
+        run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    assert str(err.value) == "train.seq_len: 64 is longer than model.max_seq_len=32"
+    model_cfg = ModelConfig(**{**model_cfg.__dict__, "max_seq_len": 1 << 20})
+    with pytest.raises(DataError, match=r"train.seq_len=100000 needs 100001 tokens in one shard"):
+        run_training(model_cfg, TrainConfig(**{**cfg.__dict__, "seq_len": 100000}), cache_dir,
+                     str(tmp_path), progress=False)
+
+
+def test_temp_files_of_a_killed_checkpoint_write_are_removed_on_the_next_start(cache_dir,
+                                                                               tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    tmp_path.joinpath(f".{ckpt.CHECKPOINT_FILE}.{process.pid}.tmp").write_bytes(b"partial")
+    model_cfg, cfg = tiny(steps=1)
+    run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    assert not list(tmp_path.glob("*.tmp")), sorted(os.listdir(tmp_path))
+
+
+def main_error(monkeypatch, params: Path, out: Path, *extra: str) -> str:
+    """What `python -m ltm.train` would print (SystemExit's message goes to stderr, rc 1)."""
+    monkeypatch.setattr(sys, "argv", cli(params, out, *extra)[2:])
+    with pytest.raises(SystemExit) as exit_:
+        train_module.main()
+    assert isinstance(exit_.value.code, str), exit_.value.code
+    return exit_.value.code
+
+
+def test_every_command_line_error_is_one_line(cache_dir, tmp_path, monkeypatch):
+    params = write_params(tmp_path / "params.yaml", cache_dir,
+                          dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32),
+                          dict(steps=1, batch_size=2, seq_len=16, eval_batches=1, resume=False))
+    # the process as a user runs it: one line on stderr, exit status 1
+    done = subprocess.run(cli(params, tmp_path, "--set", "trian.lr=1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr) == \
+        (1, "error: --set: unknown section 'trian' in 'trian.lr=1' (did you mean 'train'?)\n")
+    assert main_error(monkeypatch, params, tmp_path, "--set", "train.seq_len=64") == \
+        "error: train.seq_len: 64 is longer than model.max_seq_len=32"
+    too_long = main_error(monkeypatch, params, tmp_path, "--set", "train.seq_len=5000",
+                          "--set", "model.max_seq_len=8192")
+    assert "\n" not in too_long and "train.seq_len=5000 needs 5001 tokens" in too_long
+    # anything else (here an unreadable meta.json): its type and first line, the traceback on ask
+    broken = tmp_path / "broken"
+    shutil.copytree(cache_dir, broken)
+    (broken / "meta.json").write_text("{")
+    params = write_params(tmp_path / "broken.yaml", str(broken),
+                          dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32),
+                          dict(steps=1, batch_size=2, seq_len=16, resume=False))
+    message = main_error(monkeypatch, params, tmp_path)
+    assert message.startswith("error: JSONDecodeError: ") and "\n" not in message
+    assert message.endswith("(run with --debug for the traceback)")
+    with pytest.raises(json.JSONDecodeError):
+        monkeypatch.setattr(sys, "argv", cli(params, tmp_path, "--debug")[2:])
+        train_module.main()
