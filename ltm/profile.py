@@ -130,7 +130,9 @@ class Runner:
         t = self.trainer
         t.flush()
         self.close_loader()
-        return evaluate(t.step_model, self.val, t.cfg, t.batch_size, t.sw, t.device, t.rank, t.world)
+        # the eager model: the weights carry everything the compiled steps did, and a compiled
+        # model would compile a second, inference graph for every candidate (a minute on a GPU)
+        return evaluate(t.loss_model, self.val, t.cfg, t.batch_size, t.sw, t.device, t.rank, t.world)
 
     def tokens_per_step(self) -> int:
         return self.trainer.tokens_per_step()
