@@ -4,7 +4,9 @@ A checkpoint is one file written to a temporary name beside its destination and 
 os.replace, so a run killed at any instant leaves either the previous checkpoint or the new one,
 never half of one. It holds everything the next step depends on: weights, optimiser, scheduler and
 grad-scaler states, every random-number state of every process, the data position and the loss
-history so far.
+history so far. The temp file of a writer killed mid-write is removed on the next start
+(remove_stale_temps); a checkpoint is resumed only by the same code, configs and token cache
+(resume_mismatch).
 """
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ class TrainResult:
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run stopped, its last good checkpoint kept."""
+    """The loss, the weights or the optimiser state became NaN or infinite; the run stopped, its
+    last checkpoint with finite weights and optimiser state kept."""
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
