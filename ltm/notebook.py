@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -59,13 +60,64 @@ def _one_line(err: papermill.PapermillExecutionError) -> str:
     return f"{err.ename}: {message} (full traceback in the executed notebook)"
 
 
+# a copy of each successful stage's files (the -p paths that exist afterwards), because DVC
+# deletes a stage's outputs before it runs it: a failed run would otherwise lose the last results
+LAST_RUN = Path(".dvc") / "tmp" / "ltm-last-run"
+# only results this small are kept (metrics, plot tables, the report); checkpoints are large and
+# DVC keeps them anyway (persist: true), the token cache is in DVC's cache
+KEEP_AT_MOST = 16 << 20
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() \
+        else path.stat().st_size
+
+
+def keep_last_run(paths: list[str]) -> None:
+    """Copy every existing file or folder among `paths` (relative, inside the project) to
+    LAST_RUN, replacing the copy of the previous successful run."""
+    for name in paths:
+        source = Path(name)
+        if (source.is_absolute() or ".." in source.parts or not source.exists()
+                or _size(source) > KEEP_AT_MOST):
+            continue
+        target = LAST_RUN / source
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+
+
+def restore_last_run() -> list[Path]:
+    """Put back every file kept by keep_last_run where it was; returns the files restored."""
+    restored = []
+    for kept in sorted(p for p in LAST_RUN.rglob("*") if p.is_file()):
+        place = kept.relative_to(LAST_RUN)
+        place.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kept, place)
+        restored.append(place)
+    return restored
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="percent-format notebook, e.g. notebooks/train.py")
-    parser.add_argument("output", help="where the executed .ipynb goes")
+    parser.add_argument("source", nargs="?", help="percent-format notebook, e.g. notebooks/train.py")
+    parser.add_argument("output", nargs="?", help="where the executed .ipynb goes")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter (string value)")
+    parser.add_argument("--restore-last-run", action="store_true",
+                        help="put back the metrics and plots of each stage's last successful run "
+                             "(after a failed stage, whose outputs DVC removed)")
     args = parser.parse_args(argv)
+    if args.restore_last_run:
+        restored = restore_last_run()
+        print(f"ltm: restored {len(restored)} files of the last successful runs from {LAST_RUN}")
+        return 0
+    if not args.source or not args.output:
+        parser.error("a notebook and an output path are needed")
     if not Path(args.source).is_file():
         print(f"ltm: {args.source}: no such notebook", file=sys.stderr)
         return 2
@@ -74,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     except papermill.PapermillExecutionError as err:
         print(f"ltm: {args.source} failed: {_one_line(err)}", file=sys.stderr)
         return 1
+    keep_last_run([value for _, value in args.p])
     return 0
 
 

@@ -112,3 +112,30 @@ def test_stage_notebooks_with_figures_use_the_inline_backend():
         text = source.read_text()
         if "figure" in text:
             assert "# %matplotlib inline" in text, source.name
+
+
+WRITER = '''# %% tags=["parameters"]
+metrics_path = "m.json"
+fail = "no"
+
+# %%
+from pathlib import Path
+if fail == "yes":
+    raise RuntimeError("broken")
+Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
+Path(metrics_path).write_text('{"val_loss": 1.5}')
+'''
+
+
+def test_a_failed_stage_leaves_the_last_runs_metrics_restorable(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nb.py").write_text(WRITER)
+    assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json"]) == 0
+    # what DVC does before it runs the stage again, then the run fails
+    (tmp_path / "reports" / "metrics" / "m.json").unlink()
+    assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json",
+                 "-p", "fail", "yes"]) == 1
+    assert not (tmp_path / "reports" / "metrics" / "m.json").exists()
+    assert main(["--restore-last-run"]) == 0
+    assert (tmp_path / "reports" / "metrics" / "m.json").read_text() == '{"val_loss": 1.5}'
+    assert "restored 1 files" in capsys.readouterr().out
