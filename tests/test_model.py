@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from ltm.losses import IGNORE_INDEX
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping
 
@@ -176,13 +177,13 @@ def test_latents_are_used_and_checked():
         tiny(MIXERS["attention"])(idx, z=z)
 
 
-def test_forward_is_tied_head_on_hidden_and_loss_ignores_minus_one():
+def test_forward_is_tied_head_on_hidden_and_loss_ignores_the_ignore_index():
     seed = new_seed()
     model = tiny(MIXERS["deltanet"], n_latent=1)
     idx = torch.randint(0, VOCAB, (2, 9))
     z = latents(model, 2)
     targets = torch.randint(0, VOCAB, (2, 9))
-    targets[0, :4] = -1
+    targets[0, :4] = IGNORE_INDEX  # the chunked loss's too (train.opt.fused_loss)
     logits, loss = model(idx, targets, z=z)
     assert torch.equal(logits, model.hidden(idx, z) @ model.embed.weight.T)
     kept = targets >= 0
