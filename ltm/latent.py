@@ -296,11 +296,14 @@ def prefix_sums(model: LTM, fitter: PosteriorFitter | None, x: torch.Tensor, y: 
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """(sum of NLL, tokens) of the suffix given the prefix, float64 (2,). The first prefix_len
     (default T // 2) positions are the prefix: with a fitter, q is fitted to their targets alone
-    (NLL + KL over the prefix) and the suffix, positions prefix_len.., is scored given z = mu.
-    Position p's input is x_p and the fitted targets are x_1..x_p, so z is a function of what
-    the first scored position sees anyway: -log p(suffix | prefix, mu(prefix)) is a proper
-    conditional log-likelihood (no KL enters). fitter None (a plain LM, or a latent model
-    trained without latents): the same suffix NLL without z, so both sit side by side."""
+    (NLL + KL over the prefix) and the suffix, positions prefix_len.., is scored given one sample
+    z of that q (the inner loop's own noise, as the decoder is trained: z = mu alone is a point
+    the decoder never saw when sigma is not small). Position p's input is x_p and the fitted
+    targets are x_1..x_p, so z depends on what the first scored position sees anyway plus noise
+    independent of the suffix: -log p(suffix | prefix, z) is a proper conditional
+    log-likelihood (no KL enters), and its mean over z bounds from above the NLL of the
+    predictive averaged over q (Jensen). fitter None (a plain LM, or a latent model trained
+    without latents): the same suffix NLL without z, so both sit side by side."""
     p = x.shape[1] // 2 if prefix_len is None else prefix_len
     if not 0 < p < x.shape[1]:
         raise ValueError(f"prefix_len: expected 1..{x.shape[1] - 1}, got {p}")
@@ -308,7 +311,7 @@ def prefix_sums(model: LTM, fitter: PosteriorFitter | None, x: torch.Tensor, y: 
     if fitter is not None:
         post = fitter.fit((x[:, :p], y[:, :p]), latent_shape(model.cfg, x.shape[0]), steps,
                           generator)
-        z = post.mu
+        z = post.sample()  # (B, L, D)
     suffix = y.clone()
     suffix[:, :p] = IGNORE_INDEX  # (B, T): the prefix's targets left out
     with torch.no_grad():
