@@ -185,11 +185,6 @@ class Posterior:
         return gaussian_kl(self.mu, self.log_var)
 
 
-def _randn(shape: tuple[int, ...], device: torch.device,
-           generator: torch.Generator | None) -> torch.Tensor:
-    return torch.randn(shape, device=device, generator=generator)
-
-
 class PosteriorFitter:
     """The inner loop for one decoder: `fit` returns the posterior of a batch. nll(z, *data) ->
     (B,) summed NLL per sequence. compile: torch.compile the inner step (fullgraph: fail on a
@@ -216,16 +211,16 @@ class PosteriorFitter:
         and the noise from `generator` (default: the global generator)."""
         cfg, device = self.cfg, data[0].device
         steps = cfg.steps if steps is None else steps
-        mu = cfg.mu_init_std * _randn(shape, device, generator)  # (B, L, D)
+        mu = cfg.mu_init_std * torch.randn(shape, device=device, generator=generator)  # (B, L, D)
         log_var = torch.full(shape, cfg.log_var_init, device=device)
-        eps = _randn(shape, device, generator)
+        eps = torch.randn(shape, device=device, generator=generator)
         state = tuple(torch.zeros(shape, device=device) for _ in range(4))
         lrs = step_sizes(cfg, steps, device)  # (steps,)
         ts = torch.arange(1, steps + 1, dtype=torch.float32, device=device)  # (steps,)
         objective = []
         for k in range(steps):
             if k > 0 and not cfg.reuse_noise:
-                eps = _randn(shape, device, generator)
+                eps = torch.randn(shape, device=device, generator=generator)
             objective.append(self._step(data, mu, log_var, eps, state, ts[k], lrs[k]))
         objective = torch.stack(objective) if objective else torch.zeros(0, device=device)
         return Posterior(mu, log_var, eps, objective)
@@ -253,7 +248,7 @@ def nelbo_sums(model: LTM, x: torch.Tensor, y: torch.Tensor, mu: torch.Tensor,
     (B, L, D)."""
     nll = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)  # (B,)
     for _ in range(samples):
-        eps = _randn(tuple(mu.shape), mu.device, generator)
+        eps = torch.randn(mu.shape, device=mu.device, generator=generator)
         nll += sequence_nll(model, mu + torch.exp(0.5 * log_var) * eps, x, y).double()
     kl = gaussian_kl(mu, log_var).double()  # (B,)
     tokens = token_counts(y).sum().double()
@@ -280,7 +275,8 @@ def fitted_nelbo_sums(model: LTM, fitter: PosteriorFitter, x: torch.Tensor, y: t
 
 
 def nelbo_by_steps(model: LTM, fitter: PosteriorFitter, x: torch.Tensor, y: torch.Tensor,
-                   steps: Iterable[int], samples: int = 1, seed: int = 0) -> dict[int, torch.Tensor]:
+                   steps: Iterable[int], samples: int = 1,
+                   seed: int = 0) -> dict[int, torch.Tensor]:
     """{steps: nelbo_sums (3,)} of a batch. Every count starts from the same initial q and noise
     (one seed) and runs its own schedule (a cosine over n steps, not the first n of a longer
     one), as training with that many steps would."""
@@ -350,19 +346,39 @@ def validation_metrics(model: LTM, fitter: PosteriorFitter | None, batches: Iter
     tokens it scores). Plain LM: val_nll, and val_nelbo = val_nll (exact, no latents).
     val_loss = val_nelbo for both. full adds val_nelbo_by_steps {steps: val_nelbo} (latent only)
     and val_prefix_nll / val_prefix_ppl, the suffix given the prefix (see prefix_sums), which
-    is comparable across latent and plain models."""
+    is comparable across latent and plain models, and the standard errors of val_loss and
+    val_prefix_nll over the batches (see _noise)."""
     eval_steps = list(eval_steps) if fitter is not None else []
-    totals = None
+    totals, pieces = None, []
     for i, (x, y) in enumerate(batches):
         sums = _batch_sums(model, fitter, x, y, full, eval_steps, samples, seed + i)
         totals = sums if totals is None else totals + sums
+        pieces.append(sums[:5].tolist() if full else None)
     if totals is None:  # no rows here (a process left without any): zeros keep reduce in step
         device = next(model.parameters()).device
         totals = torch.zeros(3 + (2 + 3 * len(eval_steps) if full else 0), dtype=torch.float64,
                              device=device)
     if reduce is not None:
         reduce(totals)
-    return _metrics_from_sums(totals.tolist(), fitter is not None, full, eval_steps)
+    metrics = _metrics_from_sums(totals.tolist(), fitter is not None, full, eval_steps)
+    if full:
+        metrics.update(_noise(pieces))
+    return metrics
+
+
+def _noise(pieces: list[list[float]]) -> dict:
+    """val_loss_noise and val_prefix_nll_noise: the standard error of each over this process's
+    pieces (their per-token values; None under two pieces), which the report weighs a change
+    between runs against (ltm.compare)."""
+    def standard_error(values: list[float]) -> float | None:
+        if len(values) < 2:
+            return None
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+    loss = [(nll + kl) / max(tokens, 1.0) for nll, kl, tokens, _, _ in pieces]
+    prefix = [nll / max(tokens, 1.0) for _, _, _, nll, tokens in pieces]
+    return {"val_loss_noise": standard_error(loss), "val_prefix_nll_noise": standard_error(prefix)}
 
 
 def _metrics_from_sums(sums: list[float], latent: bool, full: bool, eval_steps: list[int]) -> dict:

@@ -161,7 +161,8 @@ class LossModel(nn.Module):
         self.uses_latents = model.cfg.n_latent > 0 and self.latent.steps > 0
         compile_inner = compile if self.latent.compile == "auto" else self.latent.compile
         # a plain attribute, not a submodule: it holds the model, which is registered above
-        self.fitter = decoder_fitter(model, self.latent, compile_inner) if self.uses_latents else None
+        self.fitter = (decoder_fitter(model, self.latent, compile_inner) if self.uses_latents
+                       else None)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         if not self.fused_loss:

@@ -153,10 +153,14 @@ def test_no_latent_metric_named_loss_or_perplexity_leaves_out_the_kl():
     named = {k for k in metrics if any(w in k for w in ("loss", "ppl", "perplexity"))}
     # the prefix metrics are the suffix's NLL given a z fitted to the prefix alone: a conditional
     # likelihood that no KL belongs to (see ltm.latent.prefix_sums)
-    assert named == {"val_loss", "val_ppl_bound", "val_prefix_ppl"}
+    assert named == {"val_loss", "val_ppl_bound", "val_prefix_ppl", "val_loss_noise"}
     assert metrics["val_loss"] == metrics["val_nelbo"]
     assert math.isclose(metrics["val_ppl_bound"], math.exp(nelbo), rel_tol=1e-9)
     assert math.isclose(metrics["val_prefix_ppl"], math.exp(metrics["val_prefix_nll"]))
+    # the noise is that of the bound: the two batches' (nll + kl) / tokens
+    each = [validation_metrics(model, fitter, [b], seed=i)["val_nelbo"]
+            for i, b in enumerate(latent_and_plain_batches())]
+    assert math.isclose(metrics["val_loss_noise"], abs(each[0] - each[1]) / 2, rel_tol=1e-6)
 
 
 def test_prefix_metric_of_a_plain_model_is_the_suffix_nll_given_the_prefix():
