@@ -232,7 +232,8 @@ def check_fits(prompt_len: int, max_new_tokens: int, context: int) -> None:
                               f"context of {context} tokens")
     # the last new token is never fed back, so it needs no position
     if prompt_len + max_new_tokens - 1 > context:
-        raise GenerationError(f"the prompt ({prompt_len} tokens) and {max_new_tokens} new tokens "
+        raise GenerationError(f"the prompt ({prompt_len} token{'s' * (prompt_len != 1)}) and "
+                              f"{max_new_tokens} new tokens "
                               f"do not fit the model's context of {context} tokens: ask for at "
                               f"most {context - prompt_len + 1} new tokens")
 
