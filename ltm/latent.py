@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Literal
 import torch
 import torch.nn.functional as F
 
-from ltm.losses import IGNORE_INDEX
+from ltm.losses import CHUNK_LOGITS, IGNORE_INDEX
 from ltm.params import check
 
 if TYPE_CHECKING:
@@ -104,11 +104,18 @@ def sequence_nll(model: LTM, z: torch.Tensor | None, x: torch.Tensor,
                  y: torch.Tensor) -> torch.Tensor:
     """Summed token NLL per sequence (B,) of targets y (B, T) given tokens x (B, T) and latents
     z (B, L, D) or None; targets equal to IGNORE_INDEX count nothing. Float32 log-softmax, also
-    under autocast."""
-    logits = model.lm_head(model.hidden(x, z))  # (B, T, V)
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX,
-                          reduction="none")  # (B * T,), 0 where ignored
-    return nll.view(y.shape).sum(1)
+    under autocast. Without gradients (evaluation) the logits are made a few sequences at a time,
+    at most CHUNK_LOGITS of them, as the chunked training loss bounds them."""
+    hidden = model.hidden(x, z)  # (B, T, D)
+    B, T = y.shape
+    rows = B if torch.is_grad_enabled() else max(1, CHUNK_LOGITS // (T * model.cfg.vocab_size))
+    out = []
+    for start in range(0, B, rows):
+        logits = model.lm_head(hidden[start:start + rows])  # (rows, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[start:start + rows].flatten(),
+                              ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+        out.append(nll.view(-1, T).sum(1))
+    return torch.cat(out)
 
 
 def token_counts(y: torch.Tensor) -> torch.Tensor:

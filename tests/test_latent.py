@@ -216,3 +216,14 @@ def test_bad_latent_values_fail_with_one_line(mapping, message):
     with pytest.raises(ParamsError) as err:
         from_mapping(TrainConfig, {"latent": mapping}, "train")
     assert str(err.value) == message and "\n" not in str(err.value)
+
+
+def test_evaluation_makes_the_logits_a_few_sequences_at_a_time(monkeypatch):
+    import ltm.latent
+    model = tiny_model(n_latent=0, vocab=50)
+    x, y = torch.randint(50, (5, 7)), torch.randint(50, (5, 7))
+    y[1, 3] = IGNORE_INDEX
+    whole = sequence_nll(model, None, x, y).detach()  # gradients on: one chunk
+    monkeypatch.setattr(ltm.latent, "CHUNK_LOGITS", 2 * 7 * 50)  # two sequences a chunk
+    with torch.no_grad():
+        assert torch.allclose(sequence_nll(model, None, x, y), whole, rtol=1e-6)
