@@ -36,8 +36,9 @@ import torch  # noqa: E402
 
 if importlib.util.find_spec("ltm.kernels") is None:
     # a source checkout without `pip install -e .`: ltm.kernels is the kernels/ folder
-    spec = importlib.util.spec_from_file_location("ltm.kernels", ROOT / "kernels" / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT / "kernels")])
+    kernels = ROOT / "kernels"
+    spec = importlib.util.spec_from_file_location("ltm.kernels", kernels / "__init__.py",
+                                                  submodule_search_locations=[str(kernels)])
     sys.modules["ltm.kernels"] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
@@ -119,7 +120,8 @@ def main() -> None:
     cfg = from_mapping(ModelConfig, read_params(ROOT / "configs" / "gpu.yaml")["model"], "model")
     size, device, dtype = SIZES, "cuda", torch.bfloat16
     if args.smoke:
-        cfg, size, device, dtype = dataclasses.replace(cfg, **SMOKE_MODEL), SMOKE_SIZES, "cpu", torch.float32
+        cfg, size = dataclasses.replace(cfg, **SMOKE_MODEL), SMOKE_SIZES
+        device, dtype = "cpu", torch.float32
     elif not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: this script measures generation on a GPU")
     common = dict(device=device, dtype=dtype, variants=MIXERS)

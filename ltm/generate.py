@@ -165,7 +165,9 @@ class Decoder:
         for length, rows in groups.items():
             index = torch.tensor(rows, device=self.device)
             idx = torch.stack([torch.as_tensor(prompts[r]) for r in rows]).to(self.device)  # (G, T)
-            kv = None if self.latent_kv is None else [(k[index], v[index]) for k, v in self.latent_kv]
+            kv = None
+            if self.latent_kv is not None:
+                kv = [(k[index], v[index]) for k, v in self.latent_kv]
             cache = Cache([_init_state(block.mixer, len(rows), length, self.device, self.dtype)
                            for block in self.model.blocks], kv)
             out = self.model.forward_cached(idx, cache, last_only=True)[:, -1]  # (G, vocab)
@@ -180,7 +182,7 @@ class Decoder:
 
     @torch.no_grad()
     def step(self) -> torch.Tensor:
-        """One token for every row: the sampled tokens (B, 1) (a buffer the next step overwrites)."""
+        """One token for every row: the sampled tokens (B, 1), a buffer the next step reuses."""
         if self.graph is not None:
             self.graph.replay()
         else:

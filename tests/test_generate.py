@@ -1,6 +1,6 @@
-"""ltm.generate: the static-cache decoder against LTM.generate (float32, same tokens), ragged batches
-against each prompt alone, the compiled step, sampling as tensor ops, quantisation, and the
-command's one-line errors."""
+"""ltm.generate: the static-cache decoder against LTM.generate (float32, same tokens), ragged
+batches against each prompt alone, the compiled step, sampling as tensor ops, quantisation, and
+the command's one-line errors."""
 from __future__ import annotations
 
 import importlib.util

@@ -167,7 +167,8 @@ def bench_generate(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: in
                 row["ms"] = median_ms(run, device, warmup, repeats)
                 if prefill is not None:
                     row["prefill_ms"] = median_ms(prefill, device, warmup, repeats)
-            except Exception as err:  # one path failing here (a compiler, torchao) must not stop the rest
+            # one path failing here (a compiler, torchao) must not stop the others
+            except Exception as err:
                 row["error"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
             row["ms_per_token"] = (row["ms"] - row["prefill_ms"]) / max(new_tokens - 1, 1)
             row["tokens_per_s"] = batch * new_tokens / (row["ms"] / 1e3)

@@ -1,5 +1,5 @@
-"""Smoke test of the model and generation benchmarks on tiny sizes: the rows are complete and consistent (no
-timing is asserted)."""
+"""Smoke test of the model and generation benchmarks on tiny sizes: the rows are complete and
+consistent (no timing is asserted)."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,7 +44,8 @@ def test_bench_generate_rows():
         else:
             assert 0 < row["prefill_ms"] < row["ms"]
             assert math.isclose(row["ms_per_token"], (row["ms"] - row["prefill_ms"]) / 4)
-    assert rows[0]["speedup"] == 1.0 and math.isclose(rows[1]["speedup"], rows[0]["ms"] / rows[1]["ms"])
+    assert rows[0]["speedup"] == 1.0
+    assert math.isclose(rows[1]["speedup"], rows[0]["ms"] / rows[1]["ms"])
 
 
 def test_a_path_that_cannot_run_is_an_error_row():
