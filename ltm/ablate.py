@@ -342,18 +342,25 @@ def ablate(cfg: AblateConfig, sections: dict, cache_dir: str,
         rows = [protocol.baseline_row] + protocol.rows
         if kept:
             rows.append(final_row(origin, final, kept, cfg, timer))
-        profiles = {"baseline": origin} | ({"final": final} if final is not origin else {})
-        profile = pd.DataFrame([
-            {"config": name, "group": group, "ms": ms}
-            for name, runner in profiles.items() if cfg.profile_steps
-            for group, ms in profile_runner(runner, cfg.warmup, cfg.profile_steps).items()],
-            columns=["config", "group", "ms"])
+        profile, profile_wall = profiles(origin, final, cfg)
         device = origin.trainer.device
     info = {"mode": cfg.mode, "baseline": source, "device": str(device),
             "warmup": cfg.warmup, "steps": cfg.steps, "repeats": cfg.repeats,
             "val_sequences": cfg.val_sequences, "kept": [c.text for c in kept],
+            "profile_step_ms": profile_wall,
             "seconds": round(time.perf_counter() - started, 1)}
     return Ablation(pd.DataFrame(rows), profile, info)
+
+
+def profiles(origin: Runner, final: Runner, cfg: AblateConfig) -> tuple[pd.DataFrame, dict]:
+    """The per-group profile of the baseline and of the final configuration (config, group,
+    ms), and the wall ms per profiled step of each."""
+    runners = {"baseline": origin} | ({"final": final} if final is not origin else {})
+    rows, wall = [], {}
+    for name, runner in runners.items() if cfg.profile_steps else ():
+        groups, wall[name] = profile_runner(runner, cfg.warmup, cfg.profile_steps)
+        rows += [{"config": name, "group": group, "ms": ms} for group, ms in groups.items()]
+    return pd.DataFrame(rows, columns=["config", "group", "ms"]), wall
 
 
 def final_row(origin: Runner, final: Runner, kept: list[Change], cfg: AblateConfig,

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ltm.batches import open_source
@@ -46,6 +47,7 @@ class FixedVal:
 
 
 def real_step_timer(runner: "Runner", step: Callable[[], None]) -> float:
+    """Wall seconds of one step, the device's queue drained before and after."""
     runner.trainer.synchronize()
     begin = time.perf_counter()
     step()
@@ -59,7 +61,7 @@ class Runner:
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str,
                  state: dict, val_rows: int, tmp_dir: str) -> None:
-        # steps: where the measurement's data loader and lr schedule end
+        """train_cfg.steps: where the data loader and the lr schedule of a measurement end."""
         self.trainer = Trainer(model_cfg, train_cfg, cache_dir, tmp_dir, progress=False)
         t = self.trainer
         self.state, self.start = state, state["step"]
@@ -90,8 +92,6 @@ class Runner:
             t.scaler.load_state_dict(self.state["scaler"])
         t.step, t.history, t.pending = self.start, [], []
         seed_everything(t.cfg.seed)
-        # a process-wide setting that the last Trainer built decided: set it for this one
-        torch.set_float32_matmul_precision("high" if t.sw.tf32 else "highest")
         self.batches = t.loader()
 
     def close_loader(self) -> None:
@@ -99,7 +99,13 @@ class Runner:
         self.batches = None
 
     def step(self) -> None:
+        self.use_precision()
         self.trainer.train_step(self.batches, {"data_wait": 0.0})
+
+    def use_precision(self) -> None:
+        # process-wide, and set by the last Trainer built: the runners' blocks alternate, so
+        # each step sets its own (the tf32 switch)
+        torch.set_float32_matmul_precision("high" if self.trainer.sw.tf32 else "highest")
 
     def timed_steps(self, n: int, timer: StepTimer) -> list[float]:
         return [timer(self, self.step) for _ in range(n)]
@@ -130,6 +136,7 @@ class Runner:
         t = self.trainer
         t.flush()
         self.close_loader()
+        self.use_precision()
         # the eager model: the weights carry everything the compiled steps did, and a compiled
         # model would compile a second, inference graph for every candidate (a minute on a GPU)
         return evaluate(t.loss_model, self.val, t.cfg, t.batch_size, t.sw, t.device, t.rank, t.world)
@@ -273,16 +280,19 @@ def group_times(events, device: bool) -> dict[str, float]:
             seq_groups.setdefault(event.sequence_nr, group_of(event, {}))
     totals: dict[str, float] = collections.defaultdict(float)
     for event in events:
+        if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
+            continue  # a kernel: its time is already its launching operation's device time
         spent = (getattr(event, "self_device_time_total", 0.0) if device
                  else event.self_cpu_time_total)
         totals[group_of(event, seq_groups)] += spent
     return dict(totals)
 
 
-def profile_runner(runner: Runner, warmup: int, steps: int) -> dict[str, float]:
+def profile_runner(runner: Runner, warmup: int, steps: int) -> tuple[dict[str, float], float]:
     """Milliseconds per step in each group over `steps` profiled steps after `warmup` others,
-    from the checkpoint. On a GPU the groups hold kernel time, and data wait the host's wait.
-    A compiled model is one fused graph: its time is not split by module."""
+    from the checkpoint, and the profiled steps' wall milliseconds per step (what the groups
+    should add up to, profiler overhead included). On a GPU the groups hold kernel time, and
+    data wait the host's wait. A compiled model is one fused graph: not split by module."""
     t = runner.trainer
     runner.reset()
     for _ in range(warmup):
@@ -294,9 +304,11 @@ def profile_runner(runner: Runner, warmup: int, steps: int) -> dict[str, float]:
     try:
         t.synchronize()
         with profile(activities=activities) as prof:
+            begin = time.perf_counter()
             for _ in range(steps):
                 runner.step()
             t.synchronize()
+            wall = time.perf_counter() - begin
     finally:
         if ranges is not None:
             ranges.remove()
@@ -307,4 +319,4 @@ def profile_runner(runner: Runner, warmup: int, steps: int) -> dict[str, float]:
         totals["data wait"] = sum(e.cpu_time_total for e in events
                                   if e.name == RANGE + "data wait")
     t.flush()
-    return {group: totals.get(group, 0.0) / 1e3 / steps for group in GROUPS}
+    return {group: totals.get(group, 0.0) / 1e3 / steps for group in GROUPS}, 1e3 * wall / steps
