@@ -229,6 +229,8 @@ def _write_rows(static: dict, fresh: dict, rows: torch.Tensor) -> None:
 
 def check_fits(prompt_len: int, max_new_tokens: int, context: int) -> None:
     """One-line errors for a prompt (and continuation) the model's context cannot hold."""
+    if max_new_tokens < 0:
+        raise GenerationError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
     if prompt_len > context:
         raise GenerationError(f"the prompt is {prompt_len} tokens, longer than the model's "
                               f"context of {context} tokens")
@@ -399,13 +401,15 @@ def run(args: argparse.Namespace) -> None:
     if args.seed is not None:
         torch.manual_seed(args.seed)
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    if args.batch < 1:
+        raise GenerationError(f"--batch: must be >= 1, got {args.batch}")
     decoder = Decoder(model, args.batch, len(prompt) + max(args.max_new_tokens - 1, 0), sampling,
                       compile=args.compile)
     printer = _Printer(tokenizer, eot) if args.batch == 1 else None
     print(args.prompt, end="", flush=True)
     start = time.perf_counter()
     tokens = decoder.generate([prompt] * args.batch, args.max_new_tokens, printer)
-    seconds = time.perf_counter() - start
+    seconds = max(time.perf_counter() - start, 1e-9)
     if printer is None:
         for row, ids in enumerate(tokens.tolist()):
             print(f"\n--- sample {row} ---\n{args.prompt}{_decode(tokenizer, ids, eot)}")
