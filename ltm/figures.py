@@ -95,6 +95,10 @@ def _loss_panel(ax, table: pd.DataFrame, y: list[int], colors: list[str]) -> Non
             ax.annotate(f"{value:+.3g}", (limit if value > 0 else -limit, row), ha="center",
                         va="center", fontsize=8,
                         bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red"})
+        elif value != 0:  # a delta far inside a wide band is too thin a bar to read
+            ax.annotate(f"{value:+.1e}", (value, row), xytext=(3 if value > 0 else -3, 0),
+                        textcoords="offset points", ha="left" if value > 0 else "right",
+                        va="center", fontsize=7)
     ax.set_xlim(-limit, limit)
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("validation loss - the baseline's (band: tolerance)")
