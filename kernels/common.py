@@ -161,16 +161,77 @@ def invert_unit_lower_by_squaring(a, BC: tl.constexpr, PRECISION: tl.constexpr):
     return dot(x, eye + power, PRECISION)
 
 
+# Tiles are addressed with plain pointer arithmetic and masks, not block pointers: Triton 3.7
+# deprecates `tl.make_block_ptr` and 3.9 removes it ("Block pointers have been removed in favor
+# of the tensor descriptor API"). Tensor descriptors (`tl.make_tensor_descriptor`) are its
+# successor, but a device-side descriptor needs a scratch allocator registered on the host
+# (`triton.set_allocator`) before the first launch, on Hopper its TMA wants 16-byte-aligned
+# strides (H * D * 2 bytes for a bf16 [B, T, H, D] tensor is that only for some H, D), and its
+# support in the CPU interpreter, which runs every kernel test here, differs between the Triton
+# versions the project meets (3.6 on the GPU machine, 3.7 pinned, 3.9 newest). Pointers plus masks
+# mean the same on all of them, need no host set-up, and compile to the same vectorised loads:
+# the row mask is constant along the contiguous axis and the column mask is dropped whenever the
+# tile spans the whole head.
+
+
+@triton.jit
+def tile(x, row_stride, n_rows, N_COLS: tl.constexpr, row0, col0, BR: tl.constexpr,
+         BC: tl.constexpr):
+    """Pointers and mask of the (BR, BC) tile at (row0, col0) of a row-major matrix with
+    n_rows x N_COLS elements, rows `row_stride` elements apart, starting at pointer x."""
+    rows = row0 + tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BC)
+    ptrs = x + rows[:, None] * row_stride + cols[None, :]
+    if BC == N_COLS:
+        # a tile as wide as the matrix starts at column 0 (its launch has one column block):
+        # only the row mask, which tl.load broadcasts over the columns
+        mask = (rows < n_rows)[:, None]
+    else:
+        mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
+    return ptrs, mask
+
+
+@triton.jit
+def seq_tile(x, i_b, i_h, T, H, D: tl.constexpr, row0, col0, BR: tl.constexpr, BD: tl.constexpr):
+    """`tile` of rows row0 .. row0 + BR, columns col0 .. col0 + BD of head i_h of the [B, T, H, D]
+    tensor x (row-major, contiguous); masked past T and D. The head's offset is taken in int64:
+    B T H D passes 2^31 elements at 64k tokens x 32 heads x 1024, and so do the per-chunk state
+    buffers sooner."""
+    base = x + (i_b * T * H + i_h).to(tl.int64) * D
+    return tile(base, H * D, T, D, row0, col0, BR, BD)
+
+
+@triton.jit
+def state_tile(x, i_mat, K: tl.constexpr, V: tl.constexpr, col0, BK: tl.constexpr,
+               BV: tl.constexpr):
+    """`tile` of the (BK, BV) block at columns col0 .. col0 + BV of matrix i_mat of the
+    contiguous [..., K, V] tensor x (a state [B, H, K, V] or per-chunk states [B H, NT, K, V])."""
+    base = x + i_mat.to(tl.int64) * (K * V)
+    return tile(base, V, K, V, 0, col0, BK, BV)
+
+
+@triton.jit
+def load_tile(ptrs_mask):
+    """Load a (`tile`, `seq_tile`, `state_tile`) tile, zeros outside its mask, in its dtype."""
+    ptrs, mask = ptrs_mask
+    return tl.load(ptrs, mask=mask, other=0.)
+
+
+@triton.jit
+def store_tile(ptrs_mask, val):
+    """Store val into a tile, rounded to nearest even into the tensor's dtype."""
+    ptrs, mask = ptrs_mask
+    tl.store(ptrs, rounded(val, ptrs.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def load_rows(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
     """Rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor, as a (BC, BD) float32 tile
     (zeros past T and D)."""
-    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
-    return tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+    return load_tile(seq_tile(x, i_b, i_h, T, H, D, row0, 0, BC, BD)).to(tl.float32)
 
 
 @triton.jit
 def store_rows(x, val, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
     """Store a (BC, BD) tile into rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor."""
-    p = tl.make_block_ptr(x + (i_b * T * H + i_h) * D, (T, D), (H * D, 1), (row0, 0), (BC, BD), (1, 0))
-    tl.store(p, rounded(val, x.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(seq_tile(x, i_b, i_h, T, H, D, row0, 0, BC, BD), val)

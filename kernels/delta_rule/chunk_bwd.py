@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import dot, rounded
+from ltm.kernels.common import dot, load_tile, rounded, seq_tile, state_tile, store_tile
 
 
 @triton.jit
@@ -25,20 +25,20 @@ def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: t
     rows = i_t * BT + idx
     valid = rows < T
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_do = tl.make_block_ptr(do + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-    p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-    p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
-    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-    b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_do = seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+    p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+    p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+    b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
+    b_k = load_tile(p_k).to(tl.float32)
+    b_do = load_tile(p_do).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     qk = dot(b_q, tl.trans(b_k), PRECISION)
     qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    tl.store(p_dd, dot(tl.trans(qk), b_do, PRECISION), boundary_check=(0, 1))
+    store_tile(p_dd, dot(tl.trans(qk), b_do, PRECISION))
     b_qg = b_q * tl.where(valid, tl.exp(b_G), 0.)[:, None]
-    tl.store(p_dh, dot(tl.trans(b_qg), b_do, PRECISION), boundary_check=(0, 1))
+    store_tile(p_dh, dot(tl.trans(b_qg), b_do, PRECISION))
 
 
 @triton.jit
@@ -54,32 +54,32 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl
     # (BK, BV): gradient of the state leaving the current chunk
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        p_dht = tl.make_block_ptr(dht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_ds += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+        p_dht = state_tile(dht, i_bh, K, V, i_v * BV, BK, BV)
+        b_ds += load_tile(p_dht).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
         rows = i_t * BT + idx
         valid = rows < T
-        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-        p_dd = tl.make_block_ptr(dd + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
-        b_local = tl.load(p_dh, boundary_check=(0, 1))
-        tl.store(p_dh, b_ds, boundary_check=(0, 1))
-        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_local = load_tile(p_dh)
+        store_tile(p_dh, b_ds)
+        b_k = load_tile(p_k).to(tl.float32)
+        b_w = load_tile(p_w)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-        b_dd = tl.load(p_dd, boundary_check=(0, 1))
+        b_dd = load_tile(p_dd)
         b_dd += dot(b_k * k_decay[:, None], b_ds, PRECISION)
-        tl.store(p_dd, b_dd, boundary_check=(0, 1))
+        store_tile(p_dd, b_dd)
         b_ds = b_ds * tl.exp(G_last) + b_local - dot(tl.trans(b_w), b_dd, PRECISION)
     if STORE_DH0:
-        p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh0, b_ds, boundary_check=(0, 1))
+        p_dh0 = state_tile(dh0, i_bh, K, V, i_v * BV, BK, BV)
+        store_tile(p_dh0, b_ds)
 
 
 @triton.jit
@@ -95,10 +95,10 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
     strict = (idx[:, None] > idx[None, :]) & valid[:, None]
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
-    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
+    b_k = load_tile(p_k).to(tl.float32)
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_linv = tl.load(linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :])
@@ -116,22 +116,22 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     b_dG = tl.zeros([BT], dtype=tl.float32)
     dG_last = 0.
     for i_v in range(tl.cdiv(V, BV)):
-        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         tv = (i_b * T * H + i_h) * V
-        p_v = tl.make_block_ptr(v + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_u = tl.make_block_ptr(u + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_d = tl.make_block_ptr(d + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_dd = tl.make_block_ptr(dd + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_dv = tl.make_block_ptr(dv + tv, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_h = tl.load(p_h, boundary_check=(0, 1))
-        b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
-        b_u = tl.load(p_u, boundary_check=(0, 1))
-        b_d = tl.load(p_d, boundary_check=(0, 1))
-        b_dd = tl.load(p_dd, boundary_check=(0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+        p_v = seq_tile(v, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_do = seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_dv = seq_tile(dv, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        b_h = load_tile(p_h)
+        b_dh = load_tile(p_dh)
+        b_v = load_tile(p_v).to(tl.float32)
+        b_u = load_tile(p_u)
+        b_d = load_tile(p_d)
+        b_dd = load_tile(p_dd)
+        b_do = load_tile(p_do).to(tl.float32)
         # output through the entering state: O += exp(G) Q S0
         dq_state = e_G[:, None] * dot(b_do, tl.trans(b_h), PRECISION)
         b_dq += dq_state
@@ -146,11 +146,11 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
         # D = U - W S0 with U = L^-1 (beta V)
         b_dw -= dot(b_dd, tl.trans(b_h), PRECISION)
         b_dyv = dot(tl.trans(b_linv), b_dd, PRECISION)
-        tl.store(p_dv, rounded(b_dyv * b_beta[:, None], p_dv.dtype.element_ty), boundary_check=(0, 1))
+        store_tile(p_dv, b_dyv * b_beta[:, None])
         b_dbeta += tl.sum(b_dyv * b_v, axis=1)
         b_da += dot(b_dyv, tl.trans(b_u), PRECISION)
-    p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    b_w = tl.load(p_w, boundary_check=(0, 1))
+    p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    b_w = load_tile(p_w)
     # W = L^-1 (beta exp(G) K)
     b_dyk = dot(tl.trans(b_linv), b_dw, PRECISION)
     b_dk += b_dyk * (b_beta * e_G)[:, None]
@@ -179,9 +179,9 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     b_dG = tl.where(valid, b_dG, 0.)
     # G is a cumulative sum of g inside the chunk: dg_j = sum_{i >= j} dG_i
     b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
-    p_dq = tl.make_block_ptr(dq + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_dk = tl.make_block_ptr(dk + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    tl.store(p_dq, rounded(b_dq * scale, p_dq.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dk, rounded(b_dk, p_dk.dtype.element_ty), boundary_check=(0, 1))
+    p_dq = seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_dk = seq_tile(dk, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    store_tile(p_dq, b_dq * scale)
+    store_tile(p_dk, b_dk)
     tl.store(dbeta + (i_b * T + rows) * H + i_h, rounded(b_dbeta, dbeta.dtype.element_ty), mask=valid)
     tl.store(dg + (i_b * T + rows) * H + i_h, rounded(b_dg, dg.dtype.element_ty), mask=valid)

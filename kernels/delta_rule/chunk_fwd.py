@@ -9,7 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import dot, invert_unit_lower, invert_unit_lower_by_squaring, load_rows, rounded, store_rows
+from ltm.kernels.common import (dot, invert_unit_lower, invert_unit_lower_by_squaring, load_rows, load_tile,
+                                rounded, seq_tile, state_tile, store_rows, store_tile)
 
 
 @triton.jit
@@ -149,30 +150,30 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
     idx = tl.arange(0, BT)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        p_h0 = tl.make_block_ptr(h0 + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_s += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+        p_h0 = state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)
+        b_s += load_tile(p_h0).to(tl.float32)
     for i_t in range(NT):
         rows = i_t * BT + idx
         valid = rows < T
-        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_h, rounded(b_s, p_h.dtype.element_ty), boundary_check=(0, 1))
-        p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-        p_w = tl.make_block_ptr(w + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-        p_u = tl.make_block_ptr(u + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-        b_w = tl.load(p_w, boundary_check=(0, 1))
-        b_u = tl.load(p_u, boundary_check=(0, 1))
+        p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        store_tile(p_h, b_s)
+        p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        b_k = load_tile(p_k).to(tl.float32)
+        b_w = load_tile(p_w)
+        b_u = load_tile(p_u)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         b_d = b_u - dot(b_w, b_s, PRECISION)
-        tl.store(p_d, rounded(b_d, p_d.dtype.element_ty), boundary_check=(0, 1))
+        store_tile(p_d, b_d)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(tl.trans(b_k * k_decay[:, None]), b_d, PRECISION)
     if STORE_HT:
-        p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_ht, b_s, boundary_check=(0, 1))
+        p_ht = state_tile(ht, i_bh, K, V, i_v * BV, BK, BV)
+        store_tile(p_ht, b_s)
 
 
 @triton.jit
@@ -186,19 +187,19 @@ def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.cons
     rows = i_t * BT + idx
     valid = rows < T
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = tl.make_block_ptr(q + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k + (i_b * T * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
-    p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    p_d = tl.make_block_ptr(d + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-    p_o = tl.make_block_ptr(o + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+    p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+    p_o = seq_tile(o, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
     # under torch.compile the Python float `scale` arrives as fp64: keep q in fp32
-    b_q = (tl.load(p_q, boundary_check=(0, 1)).to(tl.float32) * scale).to(tl.float32)
-    b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
+    b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
+    b_k = load_tile(p_k).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
-    b_s = tl.load(p_h, boundary_check=(0, 1))
-    b_d = tl.load(p_d, boundary_check=(0, 1))
+    b_s = load_tile(p_h)
+    b_d = load_tile(p_d)
     qk = dot(b_q, tl.trans(b_k), PRECISION)
     qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
     b_o = dot(b_q * tl.exp(b_G)[:, None], b_s, PRECISION)
     b_o += dot(qk, b_d, PRECISION)
-    tl.store(p_o, rounded(b_o, p_o.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(p_o, b_o)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import dot, load_rows, rounded, store_rows
+from ltm.kernels.common import dot, load_rows, load_tile, seq_tile, state_tile, store_rows, store_tile
 from ltm.kernels.rwkv7.chunk_fwd import _cc_ptrs, _col, _decays, _row, _token_row
 
 
@@ -27,21 +27,21 @@ def _bwd_state_kernel(rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.c
     v0 = i_v * BV
     b_G = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        p_dht = tl.make_block_ptr(dht + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        b_G += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+        p_dht = state_tile(dht, i_bh, K, V, v0, BK, BV)
+        b_G += load_tile(p_dht).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
         t0 = i_t * C
-        p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        tl.store(p_dh, rounded(b_G, p_dh.dtype.element_ty), boundary_check=(0, 1))
+        p_dh = state_tile(dh, i_bh * NT + i_t, K, V, v0, BK, BV)
+        store_tile(p_dh, b_G)
         tv = (i_b * T * H + i_h) * V
-        p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-        p_p = tl.make_block_ptr(p + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-        b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+        p_do = seq_tile(do, i_b, i_h, T, H, V, t0, v0, C, BV)
+        p_p = seq_tile(p, i_b, i_h, T, H, V, t0, v0, C, BV)
+        b_do = load_tile(p_do).to(tl.float32)
         b_arl = tl.load(_cc_ptrs(arl, i_bh, i_t, NT, C))
         b_ybar = load_rows(ybar, i_b, i_h, T, H, K, t0, C, BK)
         b_p = dot(tl.trans(b_arl), b_do, PRECISION) + dot(b_ybar, b_G, PRECISION)
-        tl.store(p_p, rounded(b_p, p_p.dtype.element_ty), boundary_check=(0, 1))
+        store_tile(p_p, b_p)
         o_k = tl.arange(0, BK)
         b_gam = tl.load(gam + (i_bh * NT + i_t) * K + o_k, mask=o_k < K, other=0.)
         b_rt = load_rows(rt, i_b, i_h, T, H, K, t0, C, BK)
@@ -49,8 +49,8 @@ def _bwd_state_kernel(rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K: tl.c
         b_G = (b_G * b_gam[:, None] + dot(tl.trans(b_rt), b_do, PRECISION)
                + dot(tl.trans(b_at), b_p, PRECISION))
     if STORE_DH0:
-        p_dh0 = tl.make_block_ptr(dh0 + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        tl.store(p_dh0, b_G, boundary_check=(0, 1))
+        p_dh0 = state_tile(dh0, i_bh, K, V, v0, BK, BV)
+        store_tile(p_dh0, b_G)
 
 
 @triton.jit
@@ -84,20 +84,20 @@ def _bwd_grad_kernel(r, w, k, v, a, b, h, s, dh, p, do, ark, aak, dr, dw, dk, dv
         q_pv = tl.zeros([C, C], dtype=tl.float32)
         for i_v in range(tl.cdiv(V, BV)):
             v0 = i_v * BV
-            p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-            p_dh = tl.make_block_ptr(dh + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
+            p_h = state_tile(h, i_bh * NT + i_t, K, V, v0, BK, BV)
+            p_dh = state_tile(dh, i_bh * NT + i_t, K, V, v0, BK, BV)
             tv = (i_b * T * H + i_h) * V
-            p_v = tl.make_block_ptr(v + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-            p_s = tl.make_block_ptr(s + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-            p_p = tl.make_block_ptr(p + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-            p_do = tl.make_block_ptr(do + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-            p_dv = tl.make_block_ptr(dv + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-            b_h = tl.load(p_h, boundary_check=(0, 1))
-            b_dh = tl.load(p_dh, boundary_check=(0, 1))
-            b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
-            b_s = tl.load(p_s, boundary_check=(0, 1))
-            b_p = tl.load(p_p, boundary_check=(0, 1))
-            b_do = tl.load(p_do, boundary_check=(0, 1)).to(tl.float32)
+            p_v = seq_tile(v, i_b, i_h, T, H, V, t0, v0, C, BV)
+            p_s = seq_tile(s, i_b, i_h, T, H, V, t0, v0, C, BV)
+            p_p = seq_tile(p, i_b, i_h, T, H, V, t0, v0, C, BV)
+            p_do = seq_tile(do, i_b, i_h, T, H, V, t0, v0, C, BV)
+            p_dv = seq_tile(dv, i_b, i_h, T, H, V, t0, v0, C, BV)
+            b_h = load_tile(p_h)
+            b_dh = load_tile(p_dh)
+            b_v = load_tile(p_v).to(tl.float32)
+            b_s = load_tile(p_s)
+            b_p = load_tile(p_p)
+            b_do = load_tile(p_do).to(tl.float32)
             dr_s += dot(b_do, tl.trans(b_h), PRECISION)
             da_s += dot(b_p, tl.trans(b_h), PRECISION)
             dk_s += dot(b_v, tl.trans(b_dh), PRECISION)
@@ -110,7 +110,7 @@ def _bwd_grad_kernel(r, w, k, v, a, b, h, s, dh, p, do, ark, aak, dr, dw, dk, dv
             # dv = G^T k = Kbar Gc + A_rk^T dO + A_ak^T P
             b_dv = (dot(b_kbar, b_dh, PRECISION) + dot(tl.trans(b_ark), b_do, PRECISION)
                     + dot(tl.trans(b_aak), b_p, PRECISION))
-            tl.store(p_dv, rounded(b_dv, p_dv.dtype.element_ty), boundary_check=(0, 1))
+            store_tile(p_dv, b_dv)
         dr_s *= tl.exp(W)
         da_s *= tl.exp(E)
         dk_s *= to_end

@@ -10,8 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import (dot, invert_unit_lower, invert_unit_lower_by_squaring, load_rows,
-                                rounded, store_rows)
+from ltm.kernels.common import (dot, invert_unit_lower, invert_unit_lower_by_squaring, load_rows, load_tile,
+                                rounded, seq_tile, state_tile, store_rows, store_tile)
 
 
 @triton.jit
@@ -156,29 +156,29 @@ def _fwd_state_kernel(gam, v, x, y, bbar, kbar, h, s, h0, ht, T, H, K: tl.conste
     v0 = i_v * BV
     b_S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        p_h0 = tl.make_block_ptr(h0 + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        b_S += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+        p_h0 = state_tile(h0, i_bh, K, V, v0, BK, BV)
+        b_S += load_tile(p_h0).to(tl.float32)
     for i_t in range(NT):
         t0 = i_t * C
-        p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        tl.store(p_h, rounded(b_S, p_h.dtype.element_ty), boundary_check=(0, 1))
+        p_h = state_tile(h, i_bh * NT + i_t, K, V, v0, BK, BV)
+        store_tile(p_h, b_S)
         # (BK,): exp(W_last), the whole chunk's decay
         o_k = tl.arange(0, BK)
         b_gam = tl.load(gam + (i_bh * NT + i_t) * K + o_k, mask=o_k < K, other=0.)
-        p_x = tl.make_block_ptr(x + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-        p_v = tl.make_block_ptr(v + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-        p_s = tl.make_block_ptr(s + (i_b * T * H + i_h) * V, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
+        p_x = seq_tile(x, i_b, i_h, T, H, V, t0, v0, C, BV)
+        p_v = seq_tile(v, i_b, i_h, T, H, V, t0, v0, C, BV)
+        p_s = seq_tile(s, i_b, i_h, T, H, V, t0, v0, C, BV)
         b_y = load_rows(y, i_b, i_h, T, H, K, t0, C, BK)
-        b_s = tl.load(p_x, boundary_check=(0, 1)).to(tl.float32) + dot(b_y, b_S, PRECISION)
-        tl.store(p_s, rounded(b_s, p_s.dtype.element_ty), boundary_check=(0, 1))
+        b_s = load_tile(p_x).to(tl.float32) + dot(b_y, b_S, PRECISION)
+        store_tile(p_s, b_s)
         b_bbar = load_rows(bbar, i_b, i_h, T, H, K, t0, C, BK)
         b_kbar = load_rows(kbar, i_b, i_h, T, H, K, t0, C, BK)
-        b_v = tl.load(p_v, boundary_check=(0, 1)).to(tl.float32)
+        b_v = load_tile(p_v).to(tl.float32)
         b_S = (b_S * b_gam[:, None] + dot(tl.trans(b_bbar), b_s, PRECISION)
                + dot(tl.trans(b_kbar), b_v, PRECISION))
     if STORE_HT:
-        p_ht = tl.make_block_ptr(ht + i_bh * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
-        tl.store(p_ht, b_S, boundary_check=(0, 1))
+        p_ht = state_tile(ht, i_bh, K, V, v0, BK, BV)
+        store_tile(p_ht, b_S)
 
 
 @triton.jit
@@ -191,12 +191,12 @@ def _output_kernel(r, w, v, h, s, arb, ark, o, T, H, K: tl.constexpr, V: tl.cons
     t0, v0 = i_t * C, i_v * BV
     b_r = load_rows(r, i_b, i_h, T, H, K, t0, C, BK)
     W = tl.cumsum(load_rows(w, i_b, i_h, T, H, K, t0, C, BK), axis=0)
-    p_h = tl.make_block_ptr(h + (i_bh * NT + i_t) * K * V, (K, V), (V, 1), (0, v0), (BK, BV), (1, 0))
+    p_h = state_tile(h, i_bh * NT + i_t, K, V, v0, BK, BV)
     tv = (i_b * T * H + i_h) * V
-    p_v = tl.make_block_ptr(v + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-    p_s = tl.make_block_ptr(s + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-    p_o = tl.make_block_ptr(o + tv, (T, V), (H * V, 1), (t0, v0), (C, BV), (1, 0))
-    b_o = dot(b_r * tl.exp(W), tl.load(p_h, boundary_check=(0, 1)), PRECISION)
-    b_o += dot(tl.load(_cc_ptrs(arb, i_bh, i_t, NT, C)), tl.load(p_s, boundary_check=(0, 1)), PRECISION)
-    b_o += dot(tl.load(_cc_ptrs(ark, i_bh, i_t, NT, C)), tl.load(p_v, boundary_check=(0, 1)), PRECISION)
-    tl.store(p_o, rounded(b_o, p_o.dtype.element_ty), boundary_check=(0, 1))
+    p_v = seq_tile(v, i_b, i_h, T, H, V, t0, v0, C, BV)
+    p_s = seq_tile(s, i_b, i_h, T, H, V, t0, v0, C, BV)
+    p_o = seq_tile(o, i_b, i_h, T, H, V, t0, v0, C, BV)
+    b_o = dot(b_r * tl.exp(W), load_tile(p_h), PRECISION)
+    b_o += dot(tl.load(_cc_ptrs(arb, i_bh, i_t, NT, C)), load_tile(p_s), PRECISION)
+    b_o += dot(tl.load(_cc_ptrs(ark, i_bh, i_t, NT, C)), load_tile(p_v), PRECISION)
+    store_tile(p_o, b_o)
