@@ -165,3 +165,31 @@ def latent_figure(by_steps: pd.DataFrame) -> Figure:
     ax.set_ylabel("NELBO bound (nats/token)")
     ax.grid(alpha=0.3)
     return fig
+
+
+def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
+    """Time over the floor against shape, ours and fla, one panel per op and pass (log x axis:
+    the ratios span 2x to 100x), from `ltm.bench.kernels.grid_table` rows (columns op, B, T, H, D,
+    pass, ours_x_floor, fla_x_floor). A shape where fla's point lies left of ours is one where fla
+    wins."""
+    grid = grid.assign(shape=grid["B"].astype(str) + "," + grid["T"].astype(str) + ","
+                       + grid["H"].astype(str) + "," + grid["D"].astype(str))
+    panels = list(grid.groupby(["op", "pass"], sort=False))
+    n_shapes = grid["shape"].nunique()
+    fig = Figure(figsize=(5 * max(1, len(panels)), 0.3 * n_shapes + 1.8), layout="constrained")
+    axes = fig.subplots(1, max(1, len(panels)), sharey=True, squeeze=False)[0]
+    for ax, ((op, pass_), rows) in zip(axes, panels):
+        for impl, column in (("triton", "ours_x_floor"), ("fla", "fla_x_floor")):
+            part = rows[rows[column].notna()] if column in rows else rows.iloc[:0]
+            ax.plot(part[column], part["shape"], "o", color=_color(impl),
+                    label="ours" if impl == "triton" else impl, markersize=6)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("time / floor (x, lower is better)")
+        ax.set_title(f"{op} {pass_}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_ylabel("B,T,H,D")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper")
+    return fig

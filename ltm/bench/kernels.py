@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -57,6 +58,19 @@ class KernelBenchConfig:
 
 
 GPU_SHAPES = [[8, 2048, 8, 128], [2, 8192, 8, 128], [8, 2048, 16, 64], [4, 4096, 16, 128], [16, 1024, 4, 64]]
+# The shape grid of issue 18, [B, T, H, D]: B x T from 8k to 64k tokens, T from 512 to 32k (one
+# single 32k sequence among them), H 4..32, D 64 and 128; the issue's three shapes first. Launch
+# choices must hold over all of it, not only over the shapes they were tuned on
+# (`python -m ltm.bench.kernels --grid`, gpu/kernel_grid.py).
+GRID_SHAPES = [
+    [8, 2048, 8, 128], [2, 8192, 8, 128], [8, 2048, 16, 64],
+    [16, 512, 8, 128], [1, 8192, 4, 128], [4, 4096, 16, 128], [1, 32768, 4, 128],
+    [32, 2048, 4, 128], [2, 32768, 8, 128],
+    [16, 512, 32, 64], [1, 16384, 8, 64], [16, 4096, 8, 64], [1, 32768, 16, 64],
+    [64, 1024, 4, 64], [8, 8192, 32, 64],
+]
+# RWKV-7 is slower to compile and to run: a few shapes of the grid
+RWKV7_GRID_SHAPES = [[8, 2048, 8, 128], [2, 8192, 8, 128], [16, 512, 16, 64], [1, 32768, 4, 64]]
 
 
 def _optional(module: str, name: str) -> Callable | None:
@@ -297,6 +311,53 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def grid_table(rows: list[dict]) -> list[dict]:
+    """One row per (op, shape, pass) with ours and fla side by side: ms, x_fla (fla's time over
+    ours: above 1, ours is faster) and both times over the floor of `floor_counts`."""
+    by_key: dict[tuple, dict] = {}
+    for r in rows:
+        if r["impl"] not in ("triton", "fla"):
+            continue
+        key = (r["op"], r["B"], r["T"], r["H"], r["D"], r["pass"])
+        row = by_key.setdefault(key, {"op": r["op"], "B": r["B"], "T": r["T"], "H": r["H"],
+                                      "D": r["D"], "pass": r["pass"], "floor_ms": r["floor_ms"]})
+        name = "ours" if r["impl"] == "triton" else "fla"
+        row[f"{name}_ms"], row[f"{name}_x_floor"] = r["ms"], r.get("x_floor")
+        if r["ms"] is None:
+            row[f"{name}_error"] = r.get("error")
+    for row in by_key.values():
+        ours, fla = row.get("ours_ms"), row.get("fla_ms")
+        row["x_fla"] = fla / ours if ours and fla else None
+    return list(by_key.values())
+
+
+def format_grid(table: list[dict]) -> str:
+    """`grid_table` as text, with the geometric mean and the worst x_fla per op and pass."""
+    lines = [f"{'op':17} {'B,T,H,D':17} {'pass':8} {'ours ms':>9} {'fla ms':>9} {'x_fla':>6} "
+             f"{'ours/floor':>10} {'fla/floor':>9}"]
+    f = lambda v, spec: format(v, spec) if v is not None else "-"
+    for r in table:
+        shape = f"{r['B']},{r['T']},{r['H']},{r['D']}"
+        lines.append(f"{r['op']:17} {shape:17} {r['pass']:8} {f(r.get('ours_ms'), '9.3f'):>9} "
+                     f"{f(r.get('fla_ms'), '9.3f'):>9} {f(r['x_fla'], '.2f'):>6} "
+                     f"{f(r.get('ours_x_floor'), '.1f'):>10} {f(r.get('fla_x_floor'), '.1f'):>9}")
+    for (op, pass_), ratios in _group_x_fla(table).items():
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        worst, at = min(ratios)
+        lines.append(f"{op} {pass_}: {len(ratios)} shapes, geometric mean x_fla {geo:.2f}, "
+                     f"worst {worst:.2f} at {at}")
+    return "\n".join(lines)
+
+
+def _group_x_fla(table: list[dict]) -> dict[tuple, list]:
+    groups: dict[tuple, list] = {}
+    for r in table:
+        if r["x_fla"]:
+            groups.setdefault((r["op"], r["pass"]), []).append(
+                (r["x_fla"], f"{r['B']},{r['T']},{r['H']},{r['D']}"))
+    return groups
+
+
 def environment() -> dict:
     fla = _optional("fla", "__version__")
     return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -312,12 +373,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impls", type=str, default="",
                         help=f"comma-separated subset of {','.join(IMPLS)} (default: all present)")
     parser.add_argument("--naive-tokens", type=int, default=None)
+    parser.add_argument("--grid", action="store_true",
+                        help="the issue-18 grid (GRID_SHAPES; RWKV7_GRID_SHAPES for rwkv7), ours and "
+                             "fla only, with a per-shape table of x_fla and the ratios to the floor")
     args = parser.parse_args(argv)
     on_gpu = torch.cuda.is_available()
     shapes = ([[int(n) for n in s.split(",")] for s in args.shapes.split(";")] if args.shapes
-              else GPU_SHAPES if on_gpu else [[1, 128, 2, 32]])
-    cfg = KernelBenchConfig(shapes=shapes, ops=args.ops.split(","),
-                            impls=[name for name in args.impls.split(",") if name],
+              else GRID_SHAPES if args.grid else GPU_SHAPES if on_gpu else [[1, 128, 2, 32]])
+    impls = [name for name in args.impls.split(",") if name] or (["triton", "fla"] if args.grid else [])
+    cfg = KernelBenchConfig(shapes=shapes, ops=args.ops.split(","), impls=impls,
                             naive_tokens=args.naive_tokens or (512 if on_gpu else 64),
                             dtype="bfloat16" if on_gpu else "float32")
     print(json.dumps(environment()), flush=True)
@@ -325,10 +389,17 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     # one op at a time, the JSON rewritten after each, so a run cut short keeps what it measured
     for op in cfg.ops:
-        rows += run(dataclasses.replace(cfg, ops=[op]), verbose=True)
-        args.out.write_text(json.dumps({**environment(), "config": dataclasses.asdict(cfg),
-                                        "rows": rows}, indent=1))
+        op_cfg = dataclasses.replace(cfg, ops=[op])
+        if args.grid and op == "rwkv7" and not args.shapes:
+            op_cfg = dataclasses.replace(op_cfg, shapes=RWKV7_GRID_SHAPES)
+        rows += run(op_cfg, verbose=True)
+        out = {**environment(), "config": dataclasses.asdict(cfg), "rows": rows}
+        if args.grid:
+            out["grid"] = grid_table(rows)
+        args.out.write_text(json.dumps(out, indent=1))
     print(format_table(rows))
+    if args.grid:
+        print(format_grid(grid_table(rows)))
     print(f"wrote {args.out}")
 
 
