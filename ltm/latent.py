@@ -66,8 +66,11 @@ class LatentConfig:
     kl_weight: float = 1.0
     # torch.compile the inner step; auto = as train.opt.compile
     compile: bool | Literal["auto"] = False
-    # final metrics: the bound after each of these numbers of inner steps (val_nelbo_by_steps)
+    # final metrics: the bound and the prefix NLL after each of these numbers of inner steps
+    # (val_nelbo_by_steps, val_prefix_nll_by_steps)
     eval_steps: list[int] = dataclasses.field(default_factory=lambda: [0, 4, 16, 64])
+    # validation pieces (batches) of those curves, the first ones; null = all of them
+    eval_batches: int | None = None
     # samples of z averaged in E_q[NLL] of the reported bound
     eval_samples: int = 1
 
@@ -88,6 +91,8 @@ class LatentConfig:
         check(all(s >= 0 for s in self.eval_steps), "eval_steps",
               f"must all be >= 0, got {self.eval_steps}")
         check(self.eval_samples >= 1, "eval_samples", f"must be >= 1, got {self.eval_samples}")
+        check(self.eval_batches is None or self.eval_batches >= 1, "eval_batches",
+              f"must be >= 1 or null, got {self.eval_batches}")
 
 
 def latent_shape(cfg: ModelConfig, batch: int) -> tuple[int, int, int]:
@@ -322,9 +327,28 @@ def prefix_sums(model: LTM, fitter: PosteriorFitter | None, x: torch.Tensor, y: 
     return torch.stack([nll, token_counts(suffix).sum().double()])
 
 
+def prefix_by_steps(model: LTM, fitter: PosteriorFitter, x: torch.Tensor, y: torch.Tensor,
+                    steps: Iterable[int], seed: int = 0) -> dict[int, torch.Tensor]:
+    """{steps: prefix_sums (2,)} of a batch: the suffix given a z fitted to the prefix by that many
+    inner steps, each count from the same initial q and noise (one seed), as nelbo_by_steps."""
+    out = {}
+    for n in steps:
+        generator = torch.Generator(x.device).manual_seed(seed)
+        out[n] = prefix_sums(model, fitter, x, y, steps=n, generator=generator)
+    return out
+
+
+def _curve_size(eval_steps: list[int]) -> int:
+    """Sums per batch of the curves by inference steps: (nll, kl, tokens) of the bound and
+    (nll, tokens) of the prefix metric per count."""
+    return 5 * len(eval_steps)
+
+
 def _batch_sums(model: LTM, fitter: PosteriorFitter | None, x: torch.Tensor, y: torch.Tensor,
-                full: bool, eval_steps: list[int], samples: int, seed: int) -> torch.Tensor:
-    """One batch's sums in the layout of validation_metrics, float64."""
+                full: bool, eval_steps: list[int], samples: int, seed: int,
+                curves: bool = True) -> torch.Tensor:
+    """One batch's sums in the layout of validation_metrics, float64; curves False: zeros in
+    place of the curves by inference steps (a batch past eval_batches)."""
     generator = torch.Generator(x.device).manual_seed(seed)
     if fitter is None:
         with torch.no_grad():
@@ -334,15 +358,19 @@ def _batch_sums(model: LTM, fitter: PosteriorFitter | None, x: torch.Tensor, y: 
         parts = [fitted_nelbo_sums(model, fitter, x, y, None, samples, generator)]
     if full:
         parts.append(prefix_sums(model, fitter, x, y, generator=generator))
-        if fitter is not None:
+        if fitter is not None and curves:
             parts += nelbo_by_steps(model, fitter, x, y, eval_steps, samples, seed).values()
+            parts += prefix_by_steps(model, fitter, x, y, eval_steps, seed).values()
+        elif fitter is not None:
+            parts.append(torch.zeros(_curve_size(eval_steps), dtype=torch.float64,
+                                     device=x.device))
     return torch.cat(parts)
 
 
 def validation_metrics(model: LTM, fitter: PosteriorFitter | None, batches: Iterable,
                        full: bool = True, eval_steps: Iterable[int] = (), samples: int = 1,
                        seed: int = 0, reduce: Callable[[torch.Tensor], None] | None = None,
-                       ) -> dict:
+                       eval_batches: int | None = None) -> dict:
     """Metrics of a validation set, batches of (x, y) (B, T) each; fitter None = a plain LM.
     Token-weighted over all batches; `reduce` sums a float64 tensor across processes in place.
 
@@ -351,20 +379,23 @@ def validation_metrics(model: LTM, fitter: PosteriorFitter | None, batches: Iter
     -log p(x) / T), val_ppl_bound = exp(val_nelbo), val_nll_given_fitted_z and
     val_kl_per_token (its two parts; the first alone is no likelihood: z was fitted to the very
     tokens it scores). Plain LM: val_nll, and val_nelbo = val_nll (exact, no latents).
-    val_loss = val_nelbo for both. full adds val_nelbo_by_steps {steps: val_nelbo} (latent only)
-    and val_prefix_nll / val_prefix_ppl, the suffix given the prefix (see prefix_sums), which
-    is comparable across latent and plain models, and the standard errors of val_loss and
-    val_prefix_nll over the batches (see _noise)."""
+    val_loss = val_nelbo for both. full adds val_prefix_nll / val_prefix_ppl, the suffix given
+    the prefix (see prefix_sums), which is comparable across latent and plain models, the
+    standard errors of val_loss and val_prefix_nll over the batches (see _noise) and, latent
+    only, the curves by inference steps: val_nelbo_by_steps {steps: val_nelbo} and
+    val_prefix_nll_by_steps {steps: val_prefix_nll}, each count from q's initial state, over the
+    first eval_batches batches of this process (None: all), the costly part of the evaluation."""
     eval_steps = list(eval_steps) if fitter is not None else []
     totals, pieces = None, []
     for i, (x, y) in enumerate(batches):
-        sums = _batch_sums(model, fitter, x, y, full, eval_steps, samples, seed + i)
+        curves = eval_batches is None or i < eval_batches
+        sums = _batch_sums(model, fitter, x, y, full, eval_steps, samples, seed + i, curves)
         totals = sums if totals is None else totals + sums
         pieces.append(sums[:5].tolist() if full else None)
     if totals is None:  # no rows here (a process left without any): zeros keep reduce in step
         device = next(model.parameters()).device
-        totals = torch.zeros(3 + (2 + 3 * len(eval_steps) if full else 0), dtype=torch.float64,
-                             device=device)
+        totals = torch.zeros(3 + (2 + _curve_size(eval_steps) if full else 0),
+                             dtype=torch.float64, device=device)
     if reduce is not None:
         reduce(totals)
     metrics = _metrics_from_sums(totals.tolist(), fitter is not None, full, eval_steps)
@@ -406,4 +437,8 @@ def _metrics_from_sums(sums: list[float], latent: bool, full: bool, eval_steps: 
         if latent:
             out["val_nelbo_by_steps"] = {
                 n: per_token(*sums[5 + 3 * j: 8 + 3 * j]) for j, n in enumerate(eval_steps)}
+            prefix = 5 + 3 * len(eval_steps)
+            out["val_prefix_nll_by_steps"] = {
+                n: sums[prefix + 2 * j] / max(sums[prefix + 2 * j + 1], 1.0)
+                for j, n in enumerate(eval_steps)}
     return out

@@ -33,6 +33,7 @@ from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, check_data, check_lengths, open_source, with_vocab
 from ltm.cache import cache_dir_of
 from ltm.corpus import DataError
+from ltm.counterpart import CounterpartConfig, train_with_counterparts
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
 from ltm.latent import LatentConfig, validation_metrics
 from ltm.losses import LossModel
@@ -89,6 +90,8 @@ class TrainConfig:
     memory_fraction: float = 0.85  # batch_size auto: share of GPU memory a step may use
     # latent thoughts (model.n_latent > 0): each batch's posterior and its inner loop
     latent: LatentConfig = field(default_factory=LatentConfig)
+    # the train stage's other models beside this one: latent vs plain (ltm.counterpart)
+    counterpart: CounterpartConfig = field(default_factory=CounterpartConfig)
     opt: OptConfig = field(default_factory=OptConfig)
 
     def __post_init__(self):
@@ -138,6 +141,8 @@ class TrainResult:
     metrics: dict  # what train.json holds
     history: list[dict]  # rows (step, split, loss) of the loss curves
     checkpoint: Path | None  # the last checkpoint written
+    # the train stage with counterparts: every model's rows (model, step, split, loss, seconds)
+    compared: list[dict] = field(default_factory=list)
 
 
 class TrainingDiverged(RuntimeError):
@@ -204,7 +209,7 @@ def evaluate_metrics(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: i
             inner.model, inner.fitter if inner.uses_latents else None,
             _val_pieces(val, cfg, batch_size, device, rank, world), full=full,
             eval_steps=cfg.latent.eval_steps, samples=cfg.latent.eval_samples, seed=cfg.seed,
-            reduce=dist.all_reduce if world > 1 else None)
+            reduce=dist.all_reduce if world > 1 else None, eval_batches=cfg.latent.eval_batches)
     inner.train()
     return metrics
 
@@ -501,11 +506,22 @@ def write_outputs(result: TrainResult, metrics_path: str | Path, plot_path: str 
         rows = ["step,seconds,loss"] + [f"{r['step']},{r.get('seconds', '')},{r['loss']!r}"
                                          for r in result.history if r["split"] == split]
         path.write_text("\n".join(rows) + "\n")
+    # always written (a header alone without counterparts): an output of the stage
+    rows = ["model,split,step,seconds,loss"] + [
+        f"{r['model']},{r['split']},{r['step']},{r.get('seconds', '')},{r['loss']!r}"
+        for r in result.compared]
+    compare_curve_path(plot_path).write_text("\n".join(rows) + "\n")
 
 
 def val_curve_path(plot_path: str | Path) -> Path:
     """Where write_outputs puts the validation curve: val_loss.csv beside the train curve."""
     return Path(plot_path).with_name("val_loss.csv")
+
+
+def compare_curve_path(plot_path: str | Path) -> Path:
+    """Where write_outputs puts every model's curves (train stage with counterparts):
+    compare_loss.csv beside the train curve, rows (model, split, step, seconds, loss)."""
+    return Path(plot_path).with_name("compare_loss.csv")
 
 
 def load_configs(params_path: str | Path,
@@ -523,10 +539,12 @@ def load_configs(params_path: str | Path,
 def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
                 plot_path: str | Path, overrides: list[str] = (),
                 progress: bool = True) -> TrainResult:
-    """The train stage: train from params.yaml's model and train sections; write the metrics and
-    loss curves (from the process of rank 0). Paths come from dvc.yaml."""
+    """The train stage: train from params.yaml's model and train sections, then (train.counterpart)
+    the plain or latent model beside it and a plain model at equal FLOPs (ltm.counterpart); write
+    the metrics and loss curves (from the process of rank 0). Paths come from dvc.yaml."""
     model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
-    result = run_training(model_cfg, train_cfg, cache_dir, str(checkpoint_dir), progress)
+    say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *args: None)
+    result = train_with_counterparts(model_cfg, train_cfg, cache_dir, checkpoint_dir, progress, say)
     if int(os.environ.get("RANK", "0")) == 0:
         write_outputs(result, metrics_path, plot_path)
     return result

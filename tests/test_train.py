@@ -446,3 +446,87 @@ def test_every_command_line_error_is_one_line(cache_dir, tmp_path, monkeypatch):
     with pytest.raises(json.JSONDecodeError):
         monkeypatch.setattr(sys, "argv", cli(params, tmp_path, "--debug")[2:])
         train_module.main()
+
+
+def counterpart_params(tmp_path: Path, cache_dir: str, n_latent: int = 0, **counterpart) -> Path:
+    settings = dict(n_latent=2, latent_steps=1, eval_steps=[0, 2], eval_batches=1,
+                    max_equal_flops_steps=100)
+    settings.update(counterpart)
+    return write_params(tmp_path / "params.yaml", cache_dir,
+                        dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32, n_latent=n_latent),
+                        dict(steps=3, batch_size=2, seq_len=16, eval_batches=2, eval_every=100,
+                             warmup_steps=1, latent={"steps": 2, "eval_steps": [0, 1]},
+                             counterpart=settings))
+
+
+def test_the_train_stage_compares_plain_and_latent_at_equal_tokens_and_flops(cache_dir, tmp_path,
+                                                                             capsys):
+    params = counterpart_params(tmp_path, cache_dir)
+    out = tmp_path / "out"
+    result = train_stage(params, str(tmp_path / "ckpt"), out / "train.json", out / "loss.csv",
+                         progress=False)
+    saved = json.loads((out / "train.json").read_text())
+    assert saved["n_latent"] == 0 and saved["steps"] == 3  # the configured model's metrics
+    rows = {r["model"]: r for r in saved["comparison"]}
+    assert list(rows) == ["plain", "latent", "plain-equal-flops"]
+    plain, latent, flops = rows.values()
+    assert [r["kind"] for r in rows.values()] == ["plain", "latent", "plain"]
+    assert latent["n_latent"] == 2 and latent["latent_steps"] == 1
+    assert plain["tokens"] == latent["tokens"] == 3 * 2 * 16
+    assert plain["val_loss_is"] == "NLL" and latent["val_loss_is"] == "NELBO bound"
+    # the inner step costs FLOPs: the latent model more than the plain one per token, and the
+    # plain model at equal FLOPs the first step count that reaches the latent model's
+    assert latent["training_flops"] > plain["training_flops"]
+    per_step = plain["training_flops"] / plain["steps"]
+    assert flops["steps"] > plain["steps"] and flops["steps"] == saved["equal_flops_steps"]
+    assert 0 <= flops["training_flops"] - latent["training_flops"] < per_step
+    for row in rows.values():
+        assert all(math.isfinite(row[k]) for k in ("val_loss", "val_prefix_nll", "val_prefix_ppl"))
+    curves = saved["latent_model"]
+    assert set(curves["val_nelbo_by_steps"]) == set(curves["val_prefix_nll_by_steps"]) == {"0", "2"}
+    assert "reduced from train.latent.steps 2" in curves["note"]
+    assert "the first 1 validation batches" in curves["note"]
+    assert set(saved["counterparts"]) == {"latent", "plain-equal-flops"}
+    # every model's curves side by side; the stage's own curves stay the configured model's
+    table = [line.split(",") for line in (out / "compare_loss.csv").read_text().split()]
+    assert table[0] == ["model", "split", "step", "seconds", "loss"]
+    assert {(r[0], r[1]) for r in table[1:]} == {(m, s) for m in rows for s in ("train", "val")}
+    assert len((out / "loss.csv").read_text().split()) == 4
+    assert (tmp_path / "ckpt" / ckpt.CHECKPOINT_FILE).is_file()
+    for folder in ("counterpart-latent", "counterpart-plain-equal-flops"):
+        assert (tmp_path / "ckpt" / folder / ckpt.CHECKPOINT_FILE).is_file()
+    # resumable: a second run trains nothing and reports the same
+    capsys.readouterr()
+    again = train_stage(params, str(tmp_path / "ckpt"), out / "train.json", out / "loss.csv",
+                        progress=False)
+    assert capsys.readouterr().out.count("nothing to train") == 3
+    assert again.metrics["comparison"] == result.metrics["comparison"]
+
+
+def test_a_latent_model_is_compared_with_plain_ones_and_the_cap_is_said(cache_dir, tmp_path):
+    params = counterpart_params(tmp_path, cache_dir, n_latent=2, max_equal_flops_steps=3)
+    out = tmp_path / "out"
+    train_stage(params, str(tmp_path / "ckpt"), out / "train.json", out / "loss.csv",
+                progress=False)
+    saved = json.loads((out / "train.json").read_text())
+    rows = saved["comparison"]
+    assert [(r["model"], r["role"]) for r in rows] == [
+        ("latent", "configured"), ("plain", "counterpart: equal tokens"),
+        ("plain-equal-flops", "counterpart: equal FLOPs")]
+    assert rows[0]["latent_steps"] == 2 and rows[1]["n_latent"] == 0
+    assert rows[2]["skipped"].startswith("skipped: over the cap")
+    assert "max_equal_flops_steps is 3" in rows[2]["skipped"]
+    # the configured latent model's own curves are its train.latent.eval_steps over all batches
+    assert set(saved["val_nelbo_by_steps"]) == {"0", "1"}
+    assert set(saved["latent_model"]["val_nelbo_by_steps"]) == {"0", "1"}
+    assert not (tmp_path / "ckpt" / "counterpart-plain-equal-flops").exists()
+
+
+def test_counterparts_off_train_the_configured_model_alone(cache_dir, tmp_path):
+    params = counterpart_params(tmp_path, cache_dir, enabled=False)
+    out = tmp_path / "out"
+    train_stage(params, str(tmp_path / "ckpt"), out / "train.json", out / "loss.csv",
+                progress=False)
+    assert "comparison" not in json.loads((out / "train.json").read_text())
+    assert (out / "compare_loss.csv").read_text().split() == ["model,split,step,seconds,loss"]
+    assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()] == []
