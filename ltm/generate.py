@@ -345,10 +345,14 @@ def _decode(tokenizer: Tokenizer, ids: list[int], stop: int) -> str:
 def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prompts: Sequence[str],
                 max_new_tokens: int = 100, temperature: float = 0.8, top_k: int | None = 200,
                 top_p: float | None = None, seed: int | None = None, quantize: str = "none",
-                device: str | None = None, compile: bool = False) -> list[str]:
+                device: str | None = None, compile: bool = False, latent_scale: float = 1.0,
+                latent_fit_steps: int = 0) -> list[str]:
     """Each prompt followed by its sampled continuation, cut at the first end-of-text. model: an
     LTM or a checkpoint (folder or file); tokenizer: one, or its file, or the token cache folder.
-    A given model is put in eval mode, and copied before quantisation."""
+    A given model is put in eval mode, and copied before quantisation. A latent model's z is
+    drawn from its prior N(0, I) scaled by latent_scale (the authors sweep 0.5-1.0) or, with
+    latent_fit_steps > 0, is a sample of the posterior fitted to each prompt by that many inner
+    steps (ltm.latent, the train.latent defaults)."""
     if isinstance(model, LTM):
         model = copy.deepcopy(model) if quantize != "none" else model
     else:
@@ -361,9 +365,34 @@ def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prom
     eot = end_of_text_id(tokenizer)
     # a document starts after an end-of-text in the token cache
     ids = [[eot] + tokenizer.encode(p).ids for p in prompts]
+    z = prompt_latents(model, ids, latent_scale, latent_fit_steps)
     tokens = generate_tokens(model, ids, max_new_tokens, Sampling(temperature, top_k, top_p),
-                             compile=compile)
+                             z=z, compile=compile)
     return [p + _decode(tokenizer, row, eot) for p, row in zip(prompts, tokens.tolist())]
+
+
+def prompt_latents(model: LTM, ids: list[list[int]], scale: float, fit_steps: int
+                   ) -> torch.Tensor | None:
+    """z (B, n_layers * n_latent, d_model) for generation, None for a plain model: scale * N(0, I),
+    or with fit_steps > 0 a sample of the posterior fitted to each prompt (its tokens predicting
+    their successors)."""
+    if model.cfg.n_latent == 0:
+        return None
+    from ltm.latent import LatentConfig, decoder_fitter, latent_shape
+    device = model.embed.weight.device
+    if fit_steps <= 0:
+        return scale * torch.randn(latent_shape(model.cfg, len(ids)), device=device)
+    rows = []
+    fitter = decoder_fitter(model, LatentConfig(steps=fit_steps))
+    for row in ids:  # prompts differ in length: one posterior each
+        seq = torch.tensor(row, device=device)[None]
+        if seq.shape[1] < 2:
+            rows.append(scale * torch.randn(latent_shape(model.cfg, 1), device=device))
+            continue
+        with torch.enable_grad():
+            posterior = fitter.fit((seq[:, :-1], seq[:, 1:]), latent_shape(model.cfg, 1))
+        rows.append(posterior.sample().detach())
+    return torch.cat(rows)
 
 
 def _device(name: str) -> torch.device:
@@ -403,8 +432,9 @@ def run(args: argparse.Namespace) -> None:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.batch < 1:
         raise GenerationError(f"--batch: must be >= 1, got {args.batch}")
+    z = prompt_latents(model, [prompt.tolist()] * args.batch, args.latent_scale, args.fit_latents)
     decoder = Decoder(model, args.batch, len(prompt) + max(args.max_new_tokens - 1, 0), sampling,
-                      compile=args.compile)
+                      z=z, compile=args.compile)
     printer = _Printer(tokenizer, eot) if args.batch == 1 else None
     print(args.prompt, end="", flush=True)
     start = time.perf_counter()
@@ -433,6 +463,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", help="token cache with the tokenizer (default: "
                         "data.cache_dir of --params)")
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--latent-scale", type=float, default=1.0,
+                        help="latent models: z = scale * N(0, I) (the authors sweep 0.5-1.0)")
+    parser.add_argument("--fit-latents", type=int, default=0, metavar="STEPS",
+                        help="latent models: z from the posterior fitted to the prompt instead")
     args = parser.parse_args(argv)
     try:
         run(args)

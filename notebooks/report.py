@@ -7,7 +7,7 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_dir = plots_dir = bench_records = gpu_records = output = None
+metrics_dir = plots_dir = bench_records = gpu_records = samples_path = output = None
 
 # %%
 # %matplotlib inline
@@ -23,7 +23,8 @@ from ltm.pipeline import stage_paths
 from ltm.report import report_stage
 
 paths = stage_paths("report", metrics_dir=metrics_dir, plots_dir=plots_dir,
-                    bench_records=bench_records, gpu_records=gpu_records, output=output)
+                    bench_records=bench_records, gpu_records=gpu_records,
+                    samples_path=samples_path, output=output)
 sections = report_stage(params_path, **paths)
 for section in sections:
     print(f"== {section.title} ==", section.note)

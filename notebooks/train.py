@@ -2,12 +2,14 @@
 # # Train
 # Trains the model of `params.yaml` (`model:`) with the loop and speed switches of `train:` on the
 # token cache. Checkpoints go to the folder dvc.yaml names; with `train.resume: true` a killed run
-# continues from the last one when its configuration and data match.
+# continues from the last one when its configuration and data match. With `train.counterpart`
+# it then trains the other kind of model (latent beside plain, plain beside latent) at equal
+# training tokens and a plain model at equal training FLOPs, and compares them below.
 
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-checkpoint_dir = metrics_path = plot_path = None
+checkpoint_dir = metrics_path = plot_path = samples_path = None
 
 # %%
 # %matplotlib inline
@@ -24,9 +26,38 @@ from ltm.pipeline import stage_paths
 from ltm.train import train_stage
 
 paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
-                    plot_path=plot_path)
+                    plot_path=plot_path, samples_path=samples_path)
+samples_path = paths.pop("samples_path")
 result = train_stage(params_path, **paths)
 pd.Series(result.metrics, name="value").to_frame()
 
 # %%
 loss_figure(pd.DataFrame(result.history))
+
+# %% [markdown]
+# ## Latent against plain
+# One row per model (a latent model's val_loss is its NELBO bound, a plain one's its NLL; the
+# suffix NLL given the prefix compares them), then the latent model by inference steps.
+
+# %%
+from IPython.display import display
+
+from ltm.figures import latent_by_steps, latent_figure
+
+comparison = pd.DataFrame(result.metrics.get("comparison") or [])
+latent = result.metrics.get("latent_model") or {}
+if not comparison.empty:
+    display(comparison)
+if latent.get("val_nelbo_by_steps"):
+    print(latent.get("note", ""))
+    display(latent_figure(latent_by_steps(latent), comparison if not comparison.empty else None,
+                          pd.DataFrame(result.compared) if result.compared else None))
+
+# %% [markdown]
+# Text sampled from the trained checkpoint (params.yaml `samples:`; also
+# `python -m ltm.generate --checkpoint data/checkpoints --prompt "ROMEO:"`).
+
+# %%
+from ltm.samples import samples_stage
+
+samples_stage(params_path, paths["checkpoint_dir"], samples_path)

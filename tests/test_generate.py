@@ -198,3 +198,23 @@ def test_the_command_fails_in_one_line(trained_files, case, message):
         main(args)
     assert "\n" not in str(info.value)
     assert re.match(message, str(info.value)), str(info.value)
+
+
+def test_a_latent_model_samples_with_z_from_the_scaled_prior_or_fitted_to_the_prompt():
+    from ltm.generate import prompt_latents
+    model = tiny(MIXERS["deltanet"], n_latent=2)
+    ids = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    torch.manual_seed(0)
+    prior = prompt_latents(model, ids, 0.5, 0)
+    torch.manual_seed(0)
+    unit = prompt_latents(model, ids, 1.0, 0)
+    assert prior.shape == (2, 2 * 2, 24) and torch.allclose(prior, 0.5 * unit)
+    fitted = prompt_latents(model, ids, 1.0, 3)
+    assert fitted.shape == prior.shape and torch.isfinite(fitted).all()
+    # the fitted z depends on the prompt: the rows of different prompts differ in their means
+    assert not torch.allclose(fitted[0], fitted[1])
+    assert prompt_latents(tiny(MIXERS["deltanet"]), ids, 1.0, 3) is None
+    # and z reaches the tokens: with other latents, other greedy continuations
+    a = generate_tokens(model, ids, 6, Sampling(0), z=prior)
+    b = generate_tokens(model, ids, 6, Sampling(0), z=-4 * prior)
+    assert not torch.equal(a, b)
