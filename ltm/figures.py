@@ -154,18 +154,65 @@ def benchmark_figures(table: pd.DataFrame) -> list[Figure]:
     return figures
 
 
-def latent_figure(by_steps: pd.DataFrame) -> Figure:
-    """The NELBO bound against posterior-inference steps (rows: inference steps, bound)."""
-    fig = Figure(figsize=(6, 3.2), layout="constrained")
-    ax = fig.subplots()
-    x, y = by_steps.columns[:2]
-    ax.plot(by_steps[x], by_steps[y], "o-", color=SPLIT_COLORS["val"])
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("inference steps fitting q(z) on the scored sequence")
-    ax.set_ylabel("NELBO bound (nats/token)")
-    ax.grid(alpha=0.3)
-    return fig
+def latent_by_steps(latent: dict) -> pd.DataFrame:
+    """Rows (inference steps, NELBO bound, prefix NLL) of a latent model's metrics (train.json's
+    latent_model, or a latent model's own metrics): latent_figure's first argument."""
+    bound = latent.get("val_nelbo_by_steps") or {}
+    prefix = latent.get("val_prefix_nll_by_steps") or {}
+    return pd.DataFrame([{"inference steps": int(k), "NELBO bound": v,
+                          "prefix NLL": prefix.get(k, prefix.get(str(k)))}
+                         for k, v in bound.items()])
 
+
+def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None,
+                  curves: pd.DataFrame | None = None) -> Figure:
+    """Latent thoughts against plain models. Left: the latent model's NELBO bound and prefix NLL
+    (nats/token) against the inference steps fitting q(z) (rows of by_steps: "inference steps",
+    "NELBO bound", "prefix NLL"), with each plain model's prefix NLL of the comparison table
+    (rows: model, kind, val_prefix_nll) as a level line. Then, with curves (rows: model, split,
+    step, loss) and the table's steps, tokens and training_flops: the validation loss of every
+    model against training tokens and against training FLOPs (a latent model's is its bound).
+    """
+    panels = 1 + (2 if curves is not None and len(curves) and comparison is not None else 0)
+    fig = Figure(figsize=(5.5 * panels, 3.6), layout="constrained")
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    ax = axes[0]
+    steps = by_steps["inference steps"]
+    ax.plot(steps, by_steps["NELBO bound"], "o-", color=SPLIT_COLORS["val"],
+            label="latent: NELBO bound (whole sequence)")
+    if "prefix NLL" in by_steps and by_steps["prefix NLL"].notna().any():
+        ax.plot(steps, by_steps["prefix NLL"], "s-", color=SPLIT_COLORS["train"],
+                label="latent: suffix NLL given the prefix")
+    plain = (comparison[(comparison["kind"] == "plain") & comparison["val_prefix_nll"].notna()]
+             if comparison is not None and "val_prefix_nll" in comparison else pd.DataFrame())
+    for (_, row), style in zip(plain.iterrows(), ["--", ":", "-."]):
+        ax.axhline(row["val_prefix_nll"], color="black", linestyle=style, linewidth=1,
+                   label=f"{row['model']}: suffix NLL given the prefix")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("inference steps fitting q(z)")
+    ax.set_ylabel("nats per token")
+    ax.set_title("latent model by inference steps")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if panels == 1:
+        return fig
+    table = comparison.set_index("model")
+    val = curves[curves["split"] == "val"]
+    for ax, (column, label) in zip(axes[1:], [("tokens", "training tokens"),
+                                             ("training_flops", "training FLOPs")]):
+        for model, rows in val.groupby("model", sort=False):
+            if model not in table.index or pd.isna(table.loc[model, column]):
+                continue
+            per_step = table.loc[model, column] / table.loc[model, "steps"]
+            kind = table.loc[model, "kind"]
+            ax.plot(rows["step"] * per_step, rows["loss"], "o-" if kind == "latent" else "s--",
+                    markersize=4, label=f"{model} ({'NELBO bound' if kind == 'latent' else 'NLL'})")
+        ax.set_xlabel(label)
+        ax.set_title(f"validation loss against {label}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[1].set_ylabel("nats per token")
+    return fig
 
 def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
     """Time over the floor against shape, ours and fla, one panel per op and pass (log x axis:

@@ -22,7 +22,8 @@ import torch
 from matplotlib.figure import Figure
 
 from ltm import compare
-from ltm.figures import ablate_figure, benchmark_figures, latent_figure, loss_figure
+from ltm.figures import (ablate_figure, benchmark_figures, latent_by_steps, latent_figure,
+                         loss_figure)
 from ltm.params import load_section, read_params
 from ltm.records import read_records
 
@@ -115,22 +116,48 @@ def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     return Section("Training", [table], figures)
 
 
-def latent_section(metrics_dir: Path) -> Section:
+# the comparison table's columns in the report, and their headers
+COMPARISON_COLUMNS = {"model": "model", "role": "role", "kind": "kind", "n_latent": "n_latent",
+                      "latent_steps": "inner steps", "steps": "steps", "tokens": "tokens",
+                      "training_flops": "training FLOPs",
+                      "val_loss": "val loss (latent: NELBO bound)",
+                      "val_prefix_nll": "suffix NLL given prefix",
+                      "val_prefix_ppl": "suffix ppl given prefix", "tokens_per_s": "tokens/s",
+                      "skipped": "skipped"}
+
+
+def latent_section(metrics_dir: Path, plots_dir: Path | None = None) -> Section:
+    """The latent model against the plain ones (the train stage's comparison, ltm.counterpart):
+    its bound and prefix NLL by inference steps, the table at equal tokens and FLOPs and, with
+    plots_dir/compare_loss.csv, every model's validation loss against tokens and FLOPs."""
     title = "Latent thoughts"
     metrics = _read_json(metrics_dir / "train.json") or {}
-    by_steps = metrics.get("val_nelbo_by_steps")
-    if not by_steps:
+    # the latent model's curves: train.json's latent_model (with counterparts), else the
+    # configured model's own (a latent model trained alone)
+    latent = metrics.get("latent_model") or (metrics if metrics.get("val_nelbo_by_steps") else None)
+    if not latent or not latent.get("val_nelbo_by_steps"):
         return Section(title, [], [], "No latent-thought results: the trained model has no latents "
-                                      "(model.n_latent: 0) or the train stage did not evaluate them.")
-    rows = pd.DataFrame([{"inference steps": int(k), "NELBO bound (nats/token)": v}
-                         for k, v in by_steps.items()])
-    keys = [k for k in metrics if k.startswith(("val_", "plain_", "inner_")) and not isinstance(
-        metrics[k], dict)]
-    table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in keys])
+                                      "(model.n_latent: 0) and no latent counterpart was trained "
+                                      "(train.counterpart), or the train stage did not evaluate it.")
+    by_steps = latent_by_steps(latent)
+    comparison = pd.DataFrame(metrics.get("comparison") or [])
+    tables = [by_steps.rename(columns={"NELBO bound": "NELBO bound (nats/token)",
+                                       "prefix NLL": "suffix NLL given prefix (nats/token)"})]
+    if not comparison.empty:
+        shown = [c for c in COMPARISON_COLUMNS if c in comparison]
+        tables.append(comparison[shown].rename(columns=COMPARISON_COLUMNS))
+    curves = _read_csv(plots_dir / "compare_loss.csv") if plots_dir is not None else None
     note = ("The NELBO is (token NLL + KL(q || prior)) per token with q fitted on the scored "
-            "sequence: an upper bound of -log p(x) per token. The prefix NLL fits z on the first half "
-            "of each sequence and scores the second half: comparable with a plain model's.")
-    return Section(title, [rows, table], [latent_figure(rows)], note)
+            "sequence: an upper bound of -log p(x) per token, against a plain model's exact NLL. "
+            "The suffix NLL given the prefix fits z on the first half of each sequence and scores "
+            "the second half: the number that compares latent and plain models. Equal tokens: the "
+            "same steps and batches; equal FLOPs: a plain model trained for as many FLOPs as the "
+            "latent model's decoder steps and inner steps together (an estimate).")
+    if latent.get("note"):
+        note += f" Latent model: {latent['note']}."
+    figure = latent_figure(by_steps, comparison if not comparison.empty else None,
+                           curves if curves is not None and "model" in curves else None)
+    return Section(title, tables, [figure], note)
 
 
 def ablate_section(plots_dir: Path) -> Section:
@@ -287,7 +314,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     env = environment()
     sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                latent_section(metrics_dir), ablate_section(plots_dir), benchmark_section(plots_dir),
+                latent_section(metrics_dir, plots_dir), ablate_section(plots_dir), benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)

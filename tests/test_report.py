@@ -116,3 +116,57 @@ def test_a_file_in_the_bench_folder_that_is_no_record_is_named(tmp_path):
     (tmp_path / "notes.json").write_text(json.dumps({"hello": 1}))
     with pytest.raises(ValueError, match="notes.json: not a kernel benchmark record"):
         recorded_kernel_rows(tmp_path)
+
+
+def _comparison_train_json() -> dict:
+    row = {"role": "configured", "n_latent": 0, "latent_steps": 0, "steps": 10, "tokens": 1000,
+           "tokens_per_s": 100.0, "val_prefix_ppl": 250.0}
+    return {"val_loss": 5.5, "comparison": [
+        dict(row, model="plain", kind="plain", training_flops=1e9, val_loss=5.5,
+             val_prefix_nll=5.52),
+        dict(row, model="latent", kind="latent", role="counterpart: equal tokens", n_latent=4,
+             latent_steps=1, training_flops=2e9, val_loss=20.0, val_prefix_nll=5.8),
+        dict(row, model="plain-equal-flops", kind="plain", role="counterpart: equal FLOPs",
+             steps=20, tokens=2000, training_flops=2e9, val_loss=5.3, val_prefix_nll=5.31)],
+        "latent_model": {"model": "latent", "note": "1 inner steps per batch: reduced",
+                         "val_nelbo_by_steps": {"0": 21.0, "1": 20.0, "4": 15.0},
+                         "val_prefix_nll_by_steps": {"0": 5.9, "1": 5.8, "4": 5.85}}}
+
+
+def test_latent_section_shows_the_curves_by_inference_steps_and_the_comparison(tmp_path):
+    from ltm.report import latent_section
+    (tmp_path / "train.json").write_text(json.dumps(_comparison_train_json()))
+    rows = [("plain", "val", 5, 6.0), ("plain", "val", 10, 5.5), ("latent", "val", 10, 20.0),
+            ("plain-equal-flops", "val", 10, 5.8), ("plain-equal-flops", "val", 20, 5.3),
+            ("plain", "train", 10, 5.4)]
+    pd.DataFrame(rows, columns=["model", "split", "step", "loss"]).to_csv(
+        tmp_path / "compare_loss.csv", index=False)
+    section = latent_section(tmp_path, tmp_path)
+    by_steps, table = section.tables
+    assert by_steps["inference steps"].tolist() == [0, 1, 4]
+    assert by_steps["NELBO bound (nats/token)"].tolist() == [21.0, 20.0, 15.0]
+    assert by_steps["suffix NLL given prefix (nats/token)"].tolist() == [5.9, 5.8, 5.85]
+    assert table["model"].tolist() == ["plain", "latent", "plain-equal-flops"]
+    assert table["training FLOPs"].tolist() == [1e9, 2e9, 2e9]
+    assert "reduced" in section.note
+    (figure,) = section.figures
+    steps, by_tokens, by_flops = figure.axes
+    assert len(steps.lines) == 2 + 2  # bound, prefix NLL, two plain models' levels
+    assert list(steps.lines[0].get_ydata()) == [21.0, 20.0, 15.0]
+    # the validation curves against tokens and FLOPs: the equal-FLOPs plain model ends where the
+    # latent model ends in FLOPs, not in tokens
+    ends = {line.get_label().split()[0]: line.get_xdata()[-1] for line in by_flops.lines}
+    assert ends == {"plain": 1e9, "latent": 2e9, "plain-equal-flops": 2e9}
+    assert {line.get_label().split()[0]: line.get_xdata()[-1] for line in by_tokens.lines} == {
+        "plain": 1000, "latent": 1000, "plain-equal-flops": 2000}
+
+
+def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(tmp_path):
+    from ltm.report import latent_section
+    (tmp_path / "train.json").write_text(json.dumps(
+        {"val_loss": 9.0, "val_nelbo_by_steps": {"0": 12.0, "16": 9.0}}))
+    section = latent_section(tmp_path)
+    assert section.tables[0]["NELBO bound (nats/token)"].tolist() == [12.0, 9.0]
+    assert len(section.figures) == 1 and len(section.figures[0].axes) == 1
+    (tmp_path / "train.json").write_text(json.dumps({"val_loss": 5.0}))
+    assert latent_section(tmp_path).figures == []
