@@ -14,6 +14,7 @@ import torch
 
 from ltm.bench.kernels import KernelBenchConfig
 from ltm.bench.kernels import run as run_kernels
+from ltm.bench.latent import LatentBench, bench_latent
 from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
 from ltm.model import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
@@ -55,6 +56,8 @@ class BenchmarkConfig:
     mixers: MixerBench = field(default_factory=MixerBench)
     generate: GenerateBench = field(default_factory=GenerateBench)
     kernels: KernelBenchConfig = field(default_factory=KernelBenchConfig)
+    # the inner loop of latent thoughts against a plain training step
+    latent: LatentBench = field(default_factory=LatentBench)
 
     def __post_init__(self) -> None:
         check(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
@@ -99,6 +102,10 @@ def summarise(table: pd.DataFrame, device: torch.device) -> dict:
                "torch": torch.__version__,
                "chunk_vs_naive_forward": dict(zip(mixers.case, mixers.speedup.round(3))),
                "cached_vs_uncached_generate": dict(zip(generate.case, generate.speedup.round(3)))}
+    if "x_plain" in table:  # the inner loop: multiples of a plain training step, per impl
+        latent = table[table.group.str.startswith("latent training") & table.x_plain.notna()]
+        summary["latent_x_plain_step"] = {f"{r.case} {r.impl}": round(r.x_plain, 3)
+                                          for r in latent.itertuples() if r.case != "plain step"}
     return summary
 
 
@@ -126,7 +133,7 @@ def benchmark_stage(params_path: str | Path, metrics_path: str | Path, plot_path
     model_cfg = dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or cfg.vocab_size)
     device = _device(cfg.device)
     rows = (_mixer_rows(model_cfg, cfg.mixers, device) + _generate_rows(model_cfg, cfg.generate, device)
-            + _kernel_rows(cfg.kernels, device))
+            + _kernel_rows(cfg.kernels, device) + bench_latent(model_cfg, cfg.latent, device))
     table = pd.DataFrame(rows)
     front = ["group", "case", "impl", "ms", "speedup"]
     table = table[front + [c for c in table.columns if c not in front]]
