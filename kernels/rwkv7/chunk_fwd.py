@@ -26,7 +26,9 @@ def _token_row(x, i_b, i_h, T, H, D: tl.constexpr, t, BD: tl.constexpr):
     The column loops read their partner token's rows from memory (cached) rather than pick them
     out of the tiles, which costs a reduction across warps per row."""
     o_d = tl.arange(0, BD)
-    row = tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d < D) & (t < T), other=0.)
+    # one comparison, not (o_d < D) & (t < T): the interpreter's & of a vector and a scalar
+    # condition is int32, which Triton 3.9's interpreter refuses as a mask
+    row = tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=o_d < tl.where(t < T, D, 0), other=0.)
     return row.to(tl.float32)
 
 
