@@ -33,11 +33,43 @@ CHUNK = 64
 INVERSE_BY_SQUARING = True
 
 
+# Streaming multiprocessors of the GPU the shape classes below were written for (H100 SXM: 132,
+# H200: 132); `_sequential_value_block` asks for the device's own count when there is one.
+DEFAULT_SM_COUNT = 132
+# Value-block width of the sequential kernels when B H cdiv(V, 32) programs would leave SMs idle,
+# or None to keep 32 everywhere. Set from gpu/kernel_grid.py's few-heads variants (see
+# gpu/README.md); 16-wide blocks once crashed with block pointers (Triton 3.6), which the plain
+# pointers of `ltm.kernels.common.tile` replaced.
+NARROW_VALUE_BLOCK: int | None = None
+
+
+def _sm_count(device: torch.device | None) -> int:
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
 def _value_block(K: int, V: int) -> int:
     # narrow value blocks: more programs in the sequential kernels, and the (BK, BV) state plus
     # the (BT, BK) tiles still (mostly) fit in registers. Never 16, even for V <= 16 (masked):
     # 16-wide blocks crashed with an illegal memory access on an H100 and an H200 (Triton 3.6)
     return 32
+
+
+def _sequential_value_block(B: int, H: int, K: int, V: int, device: torch.device | None = None) -> int:
+    """Value-block width of the sequential kernels (`_fwd_kernel`, `_bwd_state_kernel`) and of the
+    chunk-parallel kernels that share their grid (`_output_kernel`, `_bwd_local_kernel`).
+
+    Shape classes: the sequential kernels run B H cdiv(V, BV) programs, each walking all T / 64
+    chunks, so their time is T / 64 chunk steps whatever B H is, as long as the programs fit the
+    SMs at once. With 32-wide blocks, B H = 16 and V = 128 make 64 programs on 132 SMs: half the
+    GPU idles through the longest kernel of the op (the (2, 8192, 8, 128) shape, 0.91x of fla).
+    There, and only there, narrower blocks double the programs at the price of reading the
+    (64, K) key tiles twice as often."""
+    BV = _value_block(K, V)
+    if NARROW_VALUE_BLOCK and B * H * triton.cdiv(V, BV) < _sm_count(device):
+        return min(BV, NARROW_VALUE_BLOCK)
+    return BV
 
 
 def _prep_launch_options(K: int) -> dict:
@@ -102,7 +134,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
                                   precision, inverse_precision, INVERSE_BY_SQUARING,
                                   **_prep_launch_options(K))
-    BV = _value_block(K, V)
+    BV = _sequential_value_block(B, H, K, V, dev)
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     d = nan_buffer((B, T, H, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
@@ -120,7 +152,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     w, u, d, gcum, linv, h = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    BT, BK, BV = CHUNK, block_size(K), _sequential_value_block(B, H, K, V, q.device)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)

@@ -110,3 +110,19 @@ def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
     (o_ref.sum() + ht_ref.sum()).backward()
     for name, x, x_ref in zip(("q", "k", "v", "beta", "g", "h0"), xs, ref):
         assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_narrow_value_blocks_for_few_heads_match_the_token_loop(monkeypatch, dtype):
+    # the few-heads shape class (B H cdiv(V, 32) programs below the SM count): the sequential
+    # kernels and those sharing their grid split V into 16-wide blocks; the test shapes are all
+    # in that class, so every kernel launch here takes the narrow blocks
+    from ltm.kernels.delta_rule import chunk as module
+    monkeypatch.setattr(module, "NARROW_VALUE_BLOCK", 16)
+    assert module._sequential_value_block(1, 2, 64, 64) == 16
+    seed = case_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    xs = make_inputs(1, 2 * CHUNK + 3, 2, 64, 64, "strong", True, dtype, seed)
+    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
+                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
