@@ -166,40 +166,44 @@ def latent_by_steps(latent: dict) -> pd.DataFrame:
 
 def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None,
                   curves: pd.DataFrame | None = None) -> Figure:
-    """Latent thoughts against plain models. Left: the latent model's NELBO bound and prefix NLL
-    (nats/token) against the inference steps fitting q(z) (rows of by_steps: "inference steps",
-    "NELBO bound", "prefix NLL"), with each plain model's prefix NLL of the comparison table
-    (rows: model, kind, val_prefix_nll) as a level line. Then, with curves (rows: model, split,
+    """Latent thoughts against plain models. First the latent model against the inference steps
+    fitting q(z) (rows of by_steps: "inference steps", "NELBO bound", "prefix NLL"): its NELBO
+    bound beside each plain model's exact NLL, then (where by_steps has it) its suffix NLL given
+    the prefix beside each plain model's, the plain models from the comparison table (rows:
+    model, kind, val_loss, val_prefix_nll) as level lines. Then, with curves (rows: model, split,
     step, loss) and the table's steps, tokens and training_flops: the validation loss of every
-    model against training tokens and against training FLOPs (a latent model's is its bound).
-    """
-    panels = 1 + (2 if curves is not None and len(curves) and comparison is not None else 0)
-    fig = Figure(figsize=(5.5 * panels, 3.6), layout="constrained")
-    axes = fig.subplots(1, panels, squeeze=False)[0]
-    ax = axes[0]
+    model against training tokens and against training FLOPs (a latent model's is its bound)."""
+    has_prefix = "prefix NLL" in by_steps and by_steps["prefix NLL"].notna().any()
+    has_curves = curves is not None and len(curves) and comparison is not None
+    panels = 1 + int(has_prefix) + 2 * int(bool(has_curves))
+    fig = Figure(figsize=(4.6 * panels, 3.6), layout="constrained")
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    plain = (comparison[(comparison["kind"] == "plain") & comparison["val_loss"].notna()]
+             if comparison is not None and "val_loss" in comparison else pd.DataFrame())
     steps = by_steps["inference steps"]
-    ax.plot(steps, by_steps["NELBO bound"], "o-", color=SPLIT_COLORS["val"],
-            label="latent: NELBO bound (whole sequence)")
-    if "prefix NLL" in by_steps and by_steps["prefix NLL"].notna().any():
-        ax.plot(steps, by_steps["prefix NLL"], "s-", color=SPLIT_COLORS["train"],
-                label="latent: suffix NLL given the prefix")
-    plain = (comparison[(comparison["kind"] == "plain") & comparison["val_prefix_nll"].notna()]
-             if comparison is not None and "val_prefix_nll" in comparison else pd.DataFrame())
-    for (_, row), style in zip(plain.iterrows(), ["--", ":", "-."]):
-        ax.axhline(row["val_prefix_nll"], color="black", linestyle=style, linewidth=1,
-                   label=f"{row['model']}: suffix NLL given the prefix")
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("inference steps fitting q(z)")
-    ax.set_ylabel("nats per token")
-    ax.set_title("latent model by inference steps")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    if panels == 1:
+    panels_by_steps = [("NELBO bound", "val_loss", "NELBO bound (whole sequence)", "NLL", "o-")]
+    if has_prefix:
+        panels_by_steps.append(("prefix NLL", "val_prefix_nll", "suffix NLL given the prefix",
+                                "suffix NLL", "s-"))
+    for ax, (column, plain_column, title, plain_label, style) in zip(axes, panels_by_steps):
+        ax.plot(steps, by_steps[column], style, color=SPLIT_COLORS["val"], label="latent")
+        for (_, row), line in zip(plain.iterrows(), ["--", ":", "-."]):
+            if pd.notna(row.get(plain_column)):
+                ax.axhline(row[plain_column], color="black", linestyle=line, linewidth=1,
+                           label=f"{row['model']}: {plain_label}")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks(list(steps), [str(int(n)) for n in steps])
+        ax.set_xlabel("inference steps fitting q(z)")
+        ax.set_title(f"latent model: {title}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("nats per token")
+    if not has_curves:
         return fig
     table = comparison.set_index("model")
     val = curves[curves["split"] == "val"]
-    for ax, (column, label) in zip(axes[1:], [("tokens", "training tokens"),
-                                             ("training_flops", "training FLOPs")]):
+    for ax, (column, label) in zip(axes[-2:], [("tokens", "training tokens"),
+                                              ("training_flops", "training FLOPs")]):
         for model, rows in val.groupby("model", sort=False):
             if model not in table.index or pd.isna(table.loc[model, column]):
                 continue
@@ -208,10 +212,9 @@ def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None
             ax.plot(rows["step"] * per_step, rows["loss"], "o-" if kind == "latent" else "s--",
                     markersize=4, label=f"{model} ({'NELBO bound' if kind == 'latent' else 'NLL'})")
         ax.set_xlabel(label)
-        ax.set_title(f"validation loss against {label}")
+        ax.set_title(f"validation loss against {label}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[1].set_ylabel("nats per token")
     return fig
 
 def kernel_grid_figure(grid: pd.DataFrame) -> Figure:

@@ -150,9 +150,14 @@ def test_latent_section_shows_the_curves_by_inference_steps_and_the_comparison(t
     assert table["training FLOPs"].tolist() == [1e9, 2e9, 2e9]
     assert "reduced" in section.note
     (figure,) = section.figures
-    steps, by_tokens, by_flops = figure.axes
-    assert len(steps.lines) == 2 + 2  # bound, prefix NLL, two plain models' levels
-    assert list(steps.lines[0].get_ydata()) == [21.0, 20.0, 15.0]
+    bound, prefix, by_tokens, by_flops = figure.axes
+    # the latent model's curve and the two plain models' levels in each
+    assert [line.get_label() for line in bound.lines] == [
+        "latent", "plain: NLL", "plain-equal-flops: NLL"]
+    assert list(bound.lines[0].get_ydata()) == [21.0, 20.0, 15.0]
+    assert list(bound.lines[1].get_ydata()) == [5.5, 5.5]
+    assert list(prefix.lines[0].get_ydata()) == [5.9, 5.8, 5.85]
+    assert list(prefix.lines[2].get_ydata()) == [5.31, 5.31]
     # the validation curves against tokens and FLOPs: the equal-FLOPs plain model ends where the
     # latent model ends in FLOPs, not in tokens
     ends = {line.get_label().split()[0]: line.get_xdata()[-1] for line in by_flops.lines}
@@ -167,6 +172,6 @@ def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(
         {"val_loss": 9.0, "val_nelbo_by_steps": {"0": 12.0, "16": 9.0}}))
     section = latent_section(tmp_path)
     assert section.tables[0]["NELBO bound (nats/token)"].tolist() == [12.0, 9.0]
-    assert len(section.figures) == 1 and len(section.figures[0].axes) == 1
+    assert len(section.figures) == 1 and len(section.figures[0].axes) == 1  # no prefix curve
     (tmp_path / "train.json").write_text(json.dumps({"val_loss": 5.0}))
     assert latent_section(tmp_path).figures == []
