@@ -59,7 +59,8 @@ def ablate_figure(table: pd.DataFrame) -> Figure:
     labels = [f"{s}  [{v}]" if "verdict" in table else str(s)
               for s, v in zip(table["switch"], verdicts)]
     y = list(range(len(table)))[::-1]
-    fig = Figure(figsize=(12, 0.45 * len(table) + 1.8))
+    # constrained layout: tight_layout cut the long switch labels at the left edge
+    fig = Figure(figsize=(13, 0.45 * len(table) + 1.8), layout="constrained")
     speed, loss = fig.subplots(1, 2, sharey=True)
     if {"speedup_low", "speedup_high"} <= set(table):
         low = (table["speedup"] - table["speedup_low"]).clip(lower=0)
@@ -72,7 +73,6 @@ def ablate_figure(table: pd.DataFrame) -> Figure:
     speed.set_xlabel("speed-up (step time of the baseline / of the change)")
     speed.set_title("speed (whiskers: spread of the repeats)")
     _loss_panel(loss, table, y, colors)
-    fig.tight_layout()
     return fig
 
 
@@ -115,7 +115,7 @@ def profile_figure(profile: pd.DataFrame) -> Figure:
     wide = profile.pivot_table(index="config", columns="group", values="ms", sort=False,
                                aggfunc="sum")
     wide = wide.loc[:, (wide > 0).any()]
-    fig = Figure(figsize=(10, 0.6 * len(wide) + 2.2))
+    fig = Figure(figsize=(10, 0.6 * len(wide) + 2.2), layout="constrained")
     ax = fig.subplots()
     left = pd.Series(0.0, index=wide.index)
     palette = sns.color_palette("tab20", len(wide.columns))
@@ -125,8 +125,7 @@ def profile_figure(profile: pd.DataFrame) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds per step")
     ax.set_title("where a training step's time goes")
-    ax.legend(ncols=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
-    fig.tight_layout()
+    fig.legend(ncols=4, fontsize=8, loc="outside lower center")
     return fig
 
 
