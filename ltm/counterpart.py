@@ -124,8 +124,9 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
                     curve_batches: int | None) -> dict:
     m = result.metrics
     steps = m.get("latent_steps", 0)
-    note = (f"{steps} inner steps per batch" if steps == configured_steps else
-            f"{steps} inner steps per batch: reduced from train.latent.steps {configured_steps} "
+    inner = f"{steps} inner step{'' if steps == 1 else 's'} per batch"
+    note = (inner if steps == configured_steps else
+            f"{inner}: reduced from train.latent.steps {configured_steps} "
             "(the authors' 16 by default) by train.counterpart.latent_steps, for the time budget")
     note += ("; curves by inference steps over " + ("all validation batches" if curve_batches
              is None else f"the first {curve_batches} validation batches"))
@@ -165,7 +166,8 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
         other_inner = other_train.latent.steps
     other = LATENT if not latent_main else PLAIN
     say(f"counterpart ({other}, equal training tokens) in {out_dir / SUBFOLDERS[other]}"
-        + (f": n_latent {cp.n_latent}, {other_inner} inner steps" if other == LATENT else ""))
+        + (f": n_latent {cp.n_latent}, {other_inner} inner step{'' if other_inner == 1 else 's'}"
+           if other == LATENT else ""))
     result = run_training(other_cfg, other_train, cache_dir, str(out_dir / SUBFOLDERS[other]),
                           progress)
     runs[other] = ("counterpart: equal tokens", result,
