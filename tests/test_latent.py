@@ -227,3 +227,22 @@ def test_evaluation_makes_the_logits_a_few_sequences_at_a_time(monkeypatch):
     monkeypatch.setattr(ltm.latent, "CHUNK_LOGITS", 2 * 7 * 50)  # two sequences a chunk
     with torch.no_grad():
         assert torch.allclose(sequence_nll(model, None, x, y), whole, rtol=1e-6)
+
+
+def test_curves_by_inference_steps_cover_eval_batches_and_the_prefix():
+    model = tiny_model()
+    fitter = decoder_fitter(model, LatentConfig(steps=2))
+    batches = latent_and_plain_batches()
+    both = validation_metrics(model, fitter, batches, eval_steps=[0, 3], eval_batches=1)
+    first = validation_metrics(model, fitter, batches[:1], eval_steps=[0, 3])
+    second = validation_metrics(model, fitter, batches[1:], eval_steps=[0, 3], seed=1)
+    # the curves come from the first batch alone, the rest from both
+    for key in ("val_nelbo_by_steps", "val_prefix_nll_by_steps"):
+        assert set(both[key]) == {0, 3}
+        for n in (0, 3):
+            assert math.isclose(both[key][n], first[key][n], rel_tol=1e-9), key
+    assert not math.isclose(both["val_nelbo"], first["val_nelbo"], rel_tol=1e-6)
+    assert math.isclose(both["val_nelbo"], (first["val_nelbo"] + second["val_nelbo"]) / 2,
+                        rel_tol=1e-6)  # equal token counts
+    # 0 inner steps: the suffix given a z of q's initial state, not the fitted one
+    assert first["val_prefix_nll_by_steps"][0] != first["val_prefix_nll_by_steps"][3]
