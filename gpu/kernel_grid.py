@@ -33,8 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import triton
+# --smoke runs the kernels in Triton's interpreter, which must be chosen before they are defined
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,6 +51,26 @@ RWKV7_GRID = [tuple(s) for s in RWKV7_GRID_SHAPES]
 DECODE_BATCHES = (1, 4, 16, 64)
 DECODE_HEADS = ((16, 64), (8, 128))
 WARMUP_MS, REP_MS = 10, 60
+# cuda, or cpu for --smoke (tiny shapes through Triton's interpreter: the bookkeeping, not timings)
+DEVICE = torch.device("cuda")
+
+
+def bench(fn, warmup: int, rep: int, grads=None) -> float:
+    """Median ms of fn: triton.testing.do_bench on the GPU, a host clock on the CPU."""
+    if DEVICE.type == "cuda":
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grads,
+                                             return_mode="median"))
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[1]
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def tokens_ok(shape) -> bool:
@@ -84,15 +108,14 @@ def time_pass(fn, x: dict, backward: bool) -> dict:
         step = lambda: fn(x).backward(do)
     else:
         step = lambda: fn(x)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     with torch.enable_grad() if backward else torch.no_grad():
         step()
-        torch.cuda.synchronize()
+        sync()
         first = time.perf_counter() - t0
-        ms = triton.testing.do_bench(step, warmup=WARMUP_MS, rep=REP_MS, grad_to_none=grads,
-                                     return_mode="median")
-    return {"first_s": first, "ms": float(ms)}
+        ms = bench(step, WARMUP_MS, REP_MS, grads)
+    return {"first_s": first, "ms": ms}
 
 
 def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
@@ -101,7 +124,7 @@ def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
 
 
 def grid_rows(ops, ceilings, deadline, emit):
-    device = torch.device("cuda")
+    device = DEVICE
     for op in ops:
         shapes = RWKV7_GRID if op == "rwkv7" else GRID
         impls = {"ours": ours(op), "fla": fla(op)}
@@ -138,12 +161,13 @@ def grid_rows(ops, ceilings, deadline, emit):
                 row["rel_o_vs_fla"] = ((outs["ours"] - outs["fla"]).norm() / outs["fla"].norm()).item()
             emit(row)
             del x, outs
-            torch.cuda.empty_cache()
+            if DEVICE.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 def few_heads_shapes() -> list:
     from ltm.kernels.delta_rule import chunk
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = chunk._sm_count(DEVICE)
     return [s for s in GRID if s[0] * s[2] * triton.cdiv(s[3], chunk._value_block(s[3], s[3])) < sms]
 
 
@@ -156,7 +180,7 @@ def variant_child(shapes: list, narrow: int, path: Path) -> None:
         fn = ours(op)
         for shape in shapes:
             torch.manual_seed(0)
-            x = make_inputs(op, *shape, torch.bfloat16, torch.device("cuda"))
+            x = make_inputs(op, *shape, torch.bfloat16, DEVICE)
             chunk.NARROW_VALUE_BLOCK = None
             with torch.no_grad():
                 ref = fn(x).float()
@@ -182,7 +206,7 @@ def few_heads_rows(deadline, emit, grid: list) -> None:
         return
     path = Path("/tmp/ltm-few-heads.json")
     path.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--child-narrow", "16", "--child-shapes",
+    cmd = [sys.executable, __file__, "--child-narrow", "16", "--child-device", DEVICE.type, "--child-shapes",
            ";".join(",".join(map(str, s)) for s in shapes), "--child-out", str(path)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True,
@@ -209,7 +233,7 @@ def decode_rows(ceilings, deadline, emit) -> None:
     from ltm.kernels.rwkv7 import triton_rwkv7_step
     from ltm.ops.delta_rule.step import delta_rule_step
     from ltm.ops.rwkv7.step import rwkv7_step
-    dev = torch.device("cuda")
+    dev = DEVICE
     for (H, D), B in ((hd, b) for hd in DECODE_HEADS for b in DECODE_BATCHES):
         if time.time() > deadline:
             emit({"section": "decode", "B": B, "H": H, "D": D, "skipped": "budget spent"})
@@ -232,8 +256,7 @@ def decode_rows(ceilings, deadline, emit) -> None:
                 call = lambda fn=fn: fn(*args, state=state)
                 try:
                     call()
-                    row[f"{name}_ms"] = float(triton.testing.do_bench(call, warmup=5, rep=25,
-                                                                      return_mode="median"))
+                    row[f"{name}_ms"] = bench(call, 5, 25)
                 except Exception as err:
                     row[f"{name}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
             o_t, s_t = triton_fn(*args, state=state)
@@ -316,20 +339,19 @@ def main(argv=None) -> None:
     parser.add_argument("--child-narrow", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-shapes", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global DEVICE, GRID, RWKV7_GRID, DECODE_BATCHES, DECODE_HEADS
+    DEVICE = torch.device("cpu" if args.smoke else args.child_device)
     if args.child_narrow:
         shapes = [tuple(int(n) for n in s.split(",")) for s in args.child_shapes.split(";")]
         variant_child(shapes, args.child_narrow, args.child_out)
         return
     assert all(tokens_ok(s) for s in GRID + RWKV7_GRID), "a grid shape outside 8k-64k tokens or T 512-32k"
     if args.smoke:
-        print(json.dumps(environment(args.commit)))
-        print(f"{len(GRID)} delta-rule shapes (x2: plain, gated), {len(RWKV7_GRID)} RWKV-7 shapes")
-        for s in GRID:
-            print(s, "tokens", s[0] * s[1], "floor fb ms at 3.0 TB/s, 700 TFLOP/s:",
-                  round(floor_ms("delta_rule", s, True, {"copy_bytes_per_s": 3e12,
-                                                         "matmul_flops_per_s": 7e14}), 4))
-        return
+        # tiny shapes in the interpreter: every section runs, the JSON and the table are written
+        GRID, RWKV7_GRID = [(1, 40, 2, 32)], [(1, 20, 1, 32)]
+        DECODE_BATCHES, DECODE_HEADS = (1, 2), ((2, 32),)
     start = time.time()
     deadline = start + args.budget_s
     parts = args.only.split(",")
@@ -337,7 +359,7 @@ def main(argv=None) -> None:
     path = args.out / f"{args.name}.json"
     env = environment(args.commit)
     print(json.dumps(env), flush=True)
-    ceilings = measure_ceilings(torch.device("cuda"), 25, 100)
+    ceilings = measure_ceilings(DEVICE, 25, 100)
     print(json.dumps(ceilings), flush=True)
     rows: list = []
 
