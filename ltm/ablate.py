@@ -72,8 +72,8 @@ class AblateConfig:
     mode: Literal["one_at_a_time", "cumulative"] = "cumulative"
     # baseline training when the train stage left no checkpoint that fits the model section
     warm_start_steps: int = 150
-    warmup: int = 3  # untimed steps of each measurement (compilation, allocator); the last one
-    # measures peak memory
+    # untimed steps of each measurement (compilation, allocator); the last one measures memory
+    warmup: int = 3
     steps: int = 8  # timed steps per block (their median is the block's step time)
     repeats: int = 5  # blocks per measurement; their spread decides NO EFFECT
     val_sequences: int = 32  # the fixed validation set: the first N windows of the val split
@@ -85,8 +85,9 @@ class AblateConfig:
     baseline: list[str] = field(default_factory=list)
     profile_steps: int = 2  # profiled steps of the baseline and the final configuration; 0 = none
     # each entry, one or more space-separated "section.key=value", is one change
-    # (the CPU default: the whole stage in about two minutes on two free cores; compile is left
-    # to the GPU list in configs/gpu.yaml, its compilation alone takes minutes on two cores)
+    # (the CPU default: about 800 training steps in all, some two minutes at the train stage's
+    # speed on two idle cores; compile is left to the GPU list in configs/gpu.yaml, compiling
+    # alone takes minutes on two cores)
     switches: list[str] = field(default_factory=lambda: [
         "train.opt.fused_adamw=true", "train.opt.fused_loss=true", "train.opt.workers=1",
         "model.kernel=naive", "model.checkpointing=true", "train.opt.amp=bf16",
