@@ -78,9 +78,13 @@ def _alive(pid: int) -> bool:
 
 def all_finite(*trees: Any) -> bool:
     """Whether every floating-point tensor in the nested dicts / lists `trees` (state dicts of a
-    model and an optimiser) is finite: one reduction on the device, one wait for it."""
-    flags = [torch.isfinite(t).all() for t in _tensors(trees) if t.is_floating_point()]
-    return bool(torch.stack(flags).all()) if flags else True
+    model and an optimiser) is finite: one reduction per device, one wait for each. (An AdamW
+    keeps its `step` counters on the CPU while the weights are on the GPU.)"""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for t in _tensors(trees):
+        if t.is_floating_point():
+            flags.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(group).all()) for group in flags.values())
 
 
 def _tensors(tree: Any):
