@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA machine: the kernel tests (same files as CI, on the GPU) and the kernel benchmark.
 # Usage: bash gpu/kernels.sh LOG_DIR [benchmark shapes "B,T,H,D;..."]
+# GRID=1 runs gpu/kernel_grid.py (the shape grid against fla) instead of ltm.bench.kernels.
 # Wheels found in .whl (fla-core for the comparison) are installed into a scratch folder first.
 set -o pipefail
 LOG_DIR=${1:-reports/bench}
@@ -26,5 +27,11 @@ for file in tests/kernels/test_*.py; do
   timeout "${TEST_TIMEOUT:-240}" python3 -m pytest "$file" -q -p no:warnings -rf --durations=3 -n 8 \
     2>&1 | tee -a "$LOG_DIR/tests.log" || echo "== $file: FAILED or cut (exit $?)" | tee -a "$LOG_DIR/tests.log"
 done
-timeout "${BENCH_TIMEOUT:-330}" python3 -m ltm.bench.kernels --out "$LOG_DIR/kernels-gpu.json" \
-  ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$LOG_DIR/bench.log"
+if [ -n "${GRID:-}" ]; then
+  # issue 18's shape grid, ours against fla, few-heads variants and the decode step
+  timeout "${BENCH_TIMEOUT:-330}" python3 gpu/kernel_grid.py --out "$LOG_DIR" \
+    --budget-s "$(( ${BENCH_TIMEOUT:-330} - 40 ))" 2>&1 | tee "$LOG_DIR/grid.log"
+else
+  timeout "${BENCH_TIMEOUT:-330}" python3 -m ltm.bench.kernels --out "$LOG_DIR/kernels-gpu.json" \
+    ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$LOG_DIR/bench.log"
+fi

@@ -48,7 +48,9 @@ def gated_delta_rule(x):
 
 def delta_rule_rows():
     # the value block of the kernels that split V (all but `_bwd_chunk`, which has its own);
-    # no 16-wide blocks: they crash with an illegal memory access on Hopper, which ends the process
+    # no 16-wide blocks here: with block pointers they crashed with an illegal memory access on
+    # Hopper (Triton 3.6), which ends the process; gpu/kernel_grid.py tries them, since the port to
+    # plain pointers, in a child process
     for shape, value_block in itertools.product(SHAPES, (32, 64)):
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)):
