@@ -159,10 +159,31 @@ def grid_rows(ops, ceilings, deadline, emit):
                         row[f"x_fla_{p}"] = row[f"fla_{p}"] / row[f"ours_{p}"]
             if "ours" in outs and "fla" in outs:
                 row["rel_o_vs_fla"] = ((outs["ours"] - outs["fla"]).norm() / outs["fla"].norm()).item()
+                if "fla_fb" in row:
+                    row["rel_grad_vs_fla"] = grad_errors(impls, x)
             emit(row)
             del x, outs
             if DEVICE.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def grad_errors(impls: dict, x: dict) -> dict:
+    """|d_ours - d_fla| / |d_fla| per input, one backward each with the same output gradient: the
+    GPU check of our backward (the interpreter tests check it against float64 on the CPU)."""
+    leaves = [name for name, t in x.items() if t.requires_grad]
+    grads = {}
+    do = None
+    for name in ("ours", "fla"):
+        for t in x.values():
+            t.grad = None
+        out = impls[name](x)
+        do = torch.randn_like(out) if do is None else do
+        out.backward(do)
+        grads[name] = {n: x[n].grad.float().clone() for n in leaves}
+    for t in x.values():
+        t.grad = None
+    return {n: ((grads["ours"][n] - grads["fla"][n]).norm() / grads["fla"][n].norm()).item()
+            for n in leaves}
 
 
 def few_heads_shapes() -> list:
