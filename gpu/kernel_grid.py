@@ -143,11 +143,17 @@ def grid_rows(ops, ceilings, deadline, emit):
                 for backward in (False, True):
                     key = f"{name}_{'fb' if backward else 'fwd'}"
                     try:
+                        first = None
                         if not backward:
+                            # the first call: our compilation, fla's forward autotuning
+                            sync()
+                            t0 = time.perf_counter()
                             with torch.no_grad():
                                 outs[name] = fn(x).float()
+                            sync()
+                            first = time.perf_counter() - t0
                         t = time_pass(fn, x, backward)
-                        row[key], row[f"{key}_first_s"] = t["ms"], t["first_s"]
+                        row[key], row[f"{key}_first_s"] = t["ms"], first or t["first_s"]
                     except Exception as err:  # fla refuses its gated backward on Triton < 3.7.1
                         row[f"{key}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
             for backward in (False, True):
@@ -288,6 +294,39 @@ def decode_rows(ceilings, deadline, emit) -> None:
             emit(row)
 
 
+def bench_rows(rows: list) -> list:
+    """The grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
+    and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
+    kernel history (`ltm.report.recorded_kernel_rows`) reads these files too."""
+    out = []
+    for r in rows:
+        if r.get("section") != "grid" or "skipped" in r:
+            continue
+        B, T, H, D = r["shape"]
+        for name, impl in (("ours", "triton"), ("fla", "fla")):
+            for p, pass_ in (("fwd", "fwd"), ("fb", "fwd+bwd")):
+                ms = r.get(f"{name}_{p}")
+                row = {"op": r["op"], "impl": impl, "B": B, "T": T, "H": H, "D": D,
+                       "dtype": "bfloat16", "pass": pass_, "ms": ms, "floor_ms": r[f"floor_{p}"],
+                       "x_floor": ms / r[f"floor_{p}"] if ms else None,
+                       "x_fla": (r.get(f"fla_{p}") / ms) if ms and r.get(f"fla_{p}") else None,
+                       "first_s": r.get(f"{name}_{p}_first_s")}
+                if ms is None:
+                    row["error"] = r.get(f"{name}_{p}_error") or r.get(f"{name}_error")
+                out.append(row)
+    return out
+
+
+def record(env: dict, ceilings: dict, rows: list, elapsed: float) -> dict:
+    """The JSON written: the environment, "rows" in ltm.bench.kernels' format, the grid rows as
+    measured (with errors against fla), the few-heads variants and the decode steps."""
+    return {**env, "ceilings": ceilings, "elapsed_s": elapsed, "summary": summary(rows),
+            "rows": bench_rows(rows),
+            "grid": [r for r in rows if r.get("section") == "grid"],
+            "few_heads": [r for r in rows if r.get("section") == "few_heads"],
+            "decode": [r for r in rows if r.get("section") == "decode"]}
+
+
 def summary(rows: list) -> dict:
     """Worst and geometric mean of x_fla per op and pass over the grid rows that have both."""
     out = {}
@@ -387,8 +426,7 @@ def main(argv=None) -> None:
     def emit(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
-        path.write_text(json.dumps({**env, "ceilings": ceilings, "elapsed_s": time.time() - start,
-                                    "summary": summary(rows), "rows": rows}, indent=1))
+        path.write_text(json.dumps(record(env, ceilings, rows, time.time() - start), indent=1))
 
     ops = [op for op in ("delta_rule", "gated_delta_rule", "rwkv7") if op in parts]
     # the grid gets the budget less what the few-heads variants and decode need (about 90 s)
