@@ -37,9 +37,11 @@ INVERSE_BY_SQUARING = True
 # H200: 132); `_sequential_value_block` asks for the device's own count when there is one.
 DEFAULT_SM_COUNT = 132
 # Value-block width of the sequential kernels when B H cdiv(V, 32) programs would leave SMs idle,
-# or None to keep 32 everywhere. Set from gpu/kernel_grid.py's few-heads variants (see
-# gpu/README.md); 16-wide blocks once crashed with block pointers (Triton 3.6), which the plain
-# pointers of `ltm.kernels.common.tile` replaced.
+# or None to keep 32 everywhere. 16-wide blocks crashed with block pointers (Triton 3.6) and run
+# since the port to plain pointers (all 12 few-heads variants of gpu/kernel_grid.py on an H100,
+# output identical), but gave no gain where the class was meant to help: 2,8192,8,128 (64
+# programs on 132 SMs) 0.456 -> 0.456 ms forward, 2.327 -> 2.332 ms fwd+bwd (gpu/README.md,
+# 2026-11-23). So None, until a shape of the class shows a gain.
 NARROW_VALUE_BLOCK: int | None = None
 
 
