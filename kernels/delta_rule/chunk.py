@@ -53,8 +53,9 @@ def _sm_count(device: torch.device | None) -> int:
 
 def _value_block(K: int, V: int) -> int:
     # narrow value blocks: more programs in the sequential kernels, and the (BK, BV) state plus
-    # the (BT, BK) tiles still (mostly) fit in registers. Never 16, even for V <= 16 (masked):
-    # 16-wide blocks crashed with an illegal memory access on an H100 and an H200 (Triton 3.6)
+    # the (BT, BK) tiles still (mostly) fit in registers. 32 even for V <= 16 (masked): 16-wide
+    # blocks crashed with an illegal memory access on an H100 and an H200 with block pointers
+    # (Triton 3.6); they run since the port, but were no faster (NARROW_VALUE_BLOCK)
     return 32
 
 
@@ -65,9 +66,10 @@ def _sequential_value_block(B: int, H: int, K: int, V: int, device: torch.device
     Shape classes: the sequential kernels run B H cdiv(V, BV) programs, each walking all T / 64
     chunks, so their time is T / 64 chunk steps whatever B H is, as long as the programs fit the
     SMs at once. With 32-wide blocks, B H = 16 and V = 128 make 64 programs on 132 SMs: half the
-    GPU idles through the longest kernel of the op (the (2, 8192, 8, 128) shape, 0.91x of fla).
-    There, and only there, narrower blocks double the programs at the price of reading the
-    (64, K) key tiles twice as often."""
+    GPU idles through the longest kernel of the op (the (2, 8192, 8, 128) shape: 0.91x of fla's
+    fwd+bwd in the issue, 1.15x in the grid call of 2026-11-23). There, and only there, narrower
+    blocks double the programs at the price of reading the (64, K) key tiles twice as often;
+    measured, that bought nothing, so NARROW_VALUE_BLOCK is None."""
     BV = _value_block(K, V)
     if NARROW_VALUE_BLOCK and B * H * triton.cdiv(V, BV) < _sm_count(device):
         return min(BV, NARROW_VALUE_BLOCK)
