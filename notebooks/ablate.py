@@ -10,7 +10,9 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_path = plot_path = checkpoint_dir = None
+metrics_path = None
+plot_path = None
+checkpoint_dir = None
 
 # %%
 # %matplotlib inline
@@ -23,10 +25,9 @@ enter_project_root();
 from ltm.ablate import ablate_stage
 from ltm.pipeline import stage_paths
 
-paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path)
-if checkpoint_dir is None:  # the train stage's checkpoint folder
-    checkpoint_dir = stage_paths("train", checkpoint_dir=None)["checkpoint_dir"]
-result = ablate_stage(params_path, **paths, checkpoint_dir=checkpoint_dir)
+paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path,
+                    checkpoint_dir=checkpoint_dir)  # the train stage's checkpoints: the baseline
+result = ablate_stage(params_path, **paths)
 print(result.info)
 result.table
 

@@ -9,7 +9,9 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_path = plot_path = plot_dir = None
+metrics_path = None
+plot_path = None
+plot_dir = None
 
 # %%
 # %matplotlib inline

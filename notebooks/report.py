@@ -7,7 +7,12 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-metrics_dir = plots_dir = bench_records = gpu_records = samples_path = output = None
+metrics_dir = None
+plots_dir = None
+bench_records = None
+gpu_records = None
+samples_path = None
+output = None
 
 # %%
 # %matplotlib inline

@@ -9,7 +9,10 @@
 # %% tags=["parameters"]
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
-checkpoint_dir = metrics_path = plot_path = samples_path = None
+checkpoint_dir = None
+metrics_path = None
+plot_path = None
+samples_path = None
 
 # %%
 # %matplotlib inline
