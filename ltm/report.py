@@ -109,8 +109,9 @@ def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     metrics = _read_json(metrics_dir / "train.json")
     if metrics is None:
         return _missing("Training", "train")
-    curves = [c for c in (_read_csv(plots_dir / "train_loss.csv"), _read_csv(plots_dir / "val_loss.csv"))
-              if c is not None and len(c)]
+    # the train stage writes each split to a file of its own (rows: step, seconds, loss)
+    read = {split: _read_csv(plots_dir / f"{split}_loss.csv") for split in ("train", "val")}
+    curves = [c.assign(split=split) for split, c in read.items() if c is not None and len(c)]
     figures = [loss_figure(pd.concat(curves, ignore_index=True))] if curves else []
     table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in TRAIN_KEYS if k in metrics])
     return Section("Training", [table], figures)

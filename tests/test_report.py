@@ -14,8 +14,11 @@ def _write_inputs(root):
     plots.mkdir()
     (metrics / "tokenize.json").write_text(json.dumps({"documents": 3, "tokens": 1234}))
     (metrics / "train.json").write_text(json.dumps({"val_loss": 3.21, "tokens_per_s": 999.0}))
-    pd.DataFrame({"step": [0, 10, 10], "split": ["train", "train", "val"],
-                  "loss": [7.0, 5.0, 5.5]}).to_csv(plots / "train_loss.csv", index=False)
+    # as the train stage writes them: each split in a file of its own
+    pd.DataFrame({"step": [0, 10], "seconds": [0.1, 1.0],
+                  "loss": [7.0, 5.0]}).to_csv(plots / "train_loss.csv", index=False)
+    pd.DataFrame({"step": [10], "seconds": [1.1], "loss": [5.5]}).to_csv(plots / "val_loss.csv",
+                                                                        index=False)
     pd.DataFrame({"switch": ["baseline", "model.kernel=naive"], "tokens_per_s": [100.0, 10.0],
                   "speedup": [1.0, 0.1], "val_loss": [5.0, 5.01]}).to_csv(plots / "ablate.csv", index=False)
     return metrics, plots
