@@ -210,6 +210,8 @@ def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None
             kind = table.loc[model, "kind"]
             ax.plot(rows["step"] * per_step, rows["loss"], "o-" if kind == "latent" else "s--",
                     markersize=4, label=f"{model} ({'NELBO bound' if kind == 'latent' else 'NLL'})")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+        ax.locator_params(axis="x", nbins=5)
         ax.set_xlabel(label)
         ax.set_title(f"validation loss against {label}", fontsize=10)
         ax.grid(alpha=0.3)
