@@ -42,7 +42,9 @@ def test_bench_generate_rows():
         if row["impl"] == "uncached":
             assert math.isnan(row["prefill_ms"])
         else:
-            assert 0 < row["prefill_ms"] < row["ms"]
+            # no comparison of the two times: both are measured, and a loaded machine can
+            # stretch either (a timed assertion failed under load)
+            assert row["prefill_ms"] > 0
             assert math.isclose(row["ms_per_token"], (row["ms"] - row["prefill_ms"]) / 4)
     assert rows[0]["speedup"] == 1.0
     assert math.isclose(rows[1]["speedup"], rows[0]["ms"] / rows[1]["ms"])
