@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ltm.cache import cache_dir_of
-from ltm.generate import sample_text
+from ltm.generate import load_matching_tokenizer, load_model, sample_text
 from ltm.params import check, load_section, read_params
 
 
@@ -36,11 +36,17 @@ def samples_stage(params_path: str | Path, checkpoint_dir: str | Path,
     """Sample each prompt from the checkpoint in `checkpoint_dir` on the CPU (a few seconds for
     the default model), write {"settings", "samples"} to samples_path and return the samples."""
     cfg = load_section(SamplesConfig, "samples", params_path)
-    cache_dir = cache_dir_of(read_params(params_path))
-    texts = sample_text(checkpoint_dir, cache_dir, cfg.prompts, cfg.max_new_tokens, cfg.temperature,
-                        cfg.top_k, seed=cfg.seed, device="cpu", latent_scale=cfg.latent_scale)
+    model = load_model(checkpoint_dir, "cpu")
+    tokenizer = load_matching_tokenizer(cache_dir_of(read_params(params_path)), model.cfg.vocab_size)
+    # a small model's context may not hold the prompt and max_new_tokens: sample what fits (the
+    # prompt is preceded by an end-of-text token) rather than fail the train stage
+    longest = max(len(tokenizer.encode(p).ids) + 1 for p in cfg.prompts)
+    new_tokens = max(1, min(cfg.max_new_tokens, model.cfg.max_seq_len - longest + 1))
+    texts = sample_text(model, tokenizer, cfg.prompts, new_tokens, cfg.temperature, cfg.top_k,
+                        seed=cfg.seed, latent_scale=cfg.latent_scale)
     rows = [{"prompt": prompt, "text": text} for prompt, text in zip(cfg.prompts, texts)]
     settings = {k: v for k, v in asdict(cfg).items() if k != "prompts"}
+    settings["new_tokens_sampled"] = new_tokens
     Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
     Path(samples_path).write_text(json.dumps({"settings": settings, "samples": rows}, indent=1) + "\n")
     return pd.DataFrame(rows)

@@ -38,3 +38,13 @@ def test_a_bad_setting_is_one_line(run):
     params.write_text(f"data: {{cache_dir: {run / 'cache'}}}\nsamples: {{max_new_tokens: 0}}\n")
     with pytest.raises(ParamsError, match=r"^samples.max_new_tokens: must be >= 1, got 0$"):
         samples_stage(params, run / "ckpt", run / "s.json")
+
+
+def test_samples_fit_a_small_context(run):
+    """The model's context is 64 tokens: 200 new tokens are cut to what fits, not an error."""
+    params = run / "params.yaml"
+    params.write_text(f"data: {{cache_dir: {run / 'cache'}}}\n"
+                      "samples: {prompts: ['to be or not'], max_new_tokens: 200}\n")
+    samples_stage(params, run / "ckpt", run / "s.json")
+    settings = json.loads((run / "s.json").read_text())["settings"]
+    assert settings["max_new_tokens"] == 200 and 1 <= settings["new_tokens_sampled"] < 64
