@@ -75,10 +75,7 @@ def summary_section(metrics_dir: Path) -> Section:
 
 def settings_section(params_path: Path, env: dict) -> Section:
     params = read_params(params_path)
-    state = compare.workspace_state()
-    run = pd.DataFrame([{"setting": k, "value": v} for k, v in {
-        **env, "uncommitted changes": "yes: " + ", ".join(state["changed_files"])
-        if state["dirty"] else "no"}.items()])
+    run = pd.DataFrame([{"setting": k, "value": v} for k, v in env.items()])
     tables = [run]
     changed = compare.changed_params(params_path)
     if not changed.empty:
@@ -262,9 +259,12 @@ def gpu_section(gpu_dir: Path) -> Section:
 
 
 def environment() -> dict:
+    """Versions, device, the commit and whether the workspace differs from it (one git call)."""
+    state = compare.workspace_state()
+    dirty = "yes: " + ", ".join(state["changed_files"]) if state["dirty"] else "no"
     return {"python": platform.python_version(), "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-            "commit": compare.workspace_state()["commit"],
+            "commit": state["commit"], "uncommitted changes": dirty,
             "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 

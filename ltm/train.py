@@ -250,6 +250,8 @@ class Trainer:
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.sw.fused_adamw)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.sw.amp == "fp16")
         self.step, self.history, self.pending = 0, [], []
+        # (perf_counter at the start, seconds of earlier runs): run() sets it after resuming
+        self.clock = (time.perf_counter(), 0.0)
         self.last_saved: int | None = None
         self.step_model: nn.Module = self.loss_model
         if self.world > 1:
@@ -414,7 +416,7 @@ class Trainer:
         timing["excluded"] += time.perf_counter() - begin
 
     def elapsed(self) -> float:
-        started, offset = getattr(self, "clock", (time.perf_counter(), 0.0))
+        started, offset = self.clock
         return round(offset + time.perf_counter() - started, 3)
 
     def mark_window(self, timing: dict) -> None:
