@@ -10,9 +10,11 @@ z (n_layers * n_latent, d_model). The inner loop minimises, per sequence, the ne
 E_q estimated with one reparameterised sample z = mu + exp(log_var / 2) * eps. For kl_weight = 1,
 NELBO(q) >= -log p(x) for every q, whatever the inner loop did: that is the bound reported.
 
-The inner step (`inner_step`) is one function of tensors, the optimiser update written out by hand,
-so that torch.compile captures it whole: the step index and the learning rate are tensors (no
-recompilation per step), and the optimiser's moment buffers are updated in place.
+The inner step (`inner_step`) needs the gradient with respect to z only: the fitter freezes the
+decoder while it runs, so no weight gradient is formed, and the head's loss goes through
+ltm.fused_nll without keeping logits. With compile, the NLL's forward and backward are compiled
+graphs, reused at every step (the step index and size are tensors); the optimiser update is
+written out by hand, in place on the moment buffers.
 
     fitter = PosteriorFitter(functools.partial(sequence_nll, model), LatentConfig())
     post = fitter.fit((x, y), latent_shape(model.cfg, len(x)))
@@ -20,6 +22,7 @@ recompilation per step), and the optimiser's moment buffers are updated in place
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Literal
 import torch
 import torch.nn.functional as F
 
+from ltm.fused_nll import fused_row_nll
 from ltm.losses import CHUNK_LOGITS, IGNORE_INDEX
 from ltm.params import check
 
@@ -109,10 +113,15 @@ def sequence_nll(model: LTM, z: torch.Tensor | None, x: torch.Tensor,
                  y: torch.Tensor) -> torch.Tensor:
     """Summed token NLL per sequence (B,) of targets y (B, T) given tokens x (B, T) and latents
     z (B, L, D) or None; targets equal to IGNORE_INDEX count nothing. Float32 log-softmax, also
-    under autocast. Without gradients (evaluation) the logits are made a few sequences at a time,
-    at most CHUNK_LOGITS of them, as the chunked training loss bounds them."""
+    under autocast. Inside the inner loop (the decoder frozen, z requiring a gradient) the head and
+    the loss go through ltm.fused_nll a chunk of rows at a time, keeping no logits. Without
+    gradients (evaluation) the logits are made a few sequences at a time, at most CHUNK_LOGITS of
+    them, as the chunked training loss bounds them."""
     hidden = model.hidden(x, z)  # (B, T, D)
     B, T = y.shape
+    weight = model.lm_head.weight  # (V, D)
+    if torch.is_grad_enabled() and hidden.requires_grad and not weight.requires_grad:
+        return fused_row_nll(hidden.flatten(0, 1), weight, y.flatten()).view(B, T).sum(1)
     rows = B if torch.is_grad_enabled() else max(1, CHUNK_LOGITS // (T * model.cfg.vocab_size))
     out = []
     for start in range(0, B, rows):
@@ -162,8 +171,8 @@ def inner_step(nll: SequenceNLL, cfg: LatentConfig, data: tuple, mu: torch.Tenso
     (NLL + kl_weight * KL per sequence) at the parameters before the step, 0-dim.
 
     The gradient is that of the sum over sequences, i.e. each sequence's own objective, so no
-    step depends on the batch size. Only mu and log_var get gradients: the decoder's are never
-    computed (torch.autograd.grad on the two tensors alone)."""
+    step depends on the batch size. Only mu and log_var get gradients: with the decoder frozen
+    (PosteriorFitter does that) no weight gradient is formed, not even inside a compiled nll."""
     with torch.enable_grad():
         mu_leaf = mu.detach().requires_grad_()
         log_var_leaf = log_var.detach().requires_grad_()
@@ -174,6 +183,20 @@ def inner_step(nll: SequenceNLL, cfg: LatentConfig, data: tuple, mu: torch.Tenso
         _update(mu, grad_mu, state[0], state[1], t, lr, cfg)
         _update(log_var, grad_log_var, state[2], state[3], t, lr, cfg)
     return objective.detach().mean()
+
+
+@contextlib.contextmanager
+def frozen(params: Iterable[torch.nn.Parameter]):
+    """requires_grad False on `params` for the block, then as before: the inner loop's backward
+    reaches z through the decoder without forming a single weight gradient."""
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 @dataclasses.dataclass
@@ -199,22 +222,22 @@ class Posterior:
 
 class PosteriorFitter:
     """The inner loop for one decoder: `fit` returns the posterior of a batch. nll(z, *data) ->
-    (B,) summed NLL per sequence. compile: torch.compile the inner step (fullgraph: fail on a
-    graph break instead of running the broken part eagerly)."""
+    (B,) summed NLL per sequence; `decoder`: the parameters frozen while fitting. compile:
+    torch.compile the nll, whose forward and backward (to z alone) then run as compiled graphs,
+    the same ones at every step (the step index and size are tensors; the KL and the update stay
+    eager: a few elementwise kernels on z-sized tensors). fullgraph: fail on a graph break
+    instead of running the broken part eagerly."""
 
     def __init__(self, nll: SequenceNLL, cfg: LatentConfig, compile: bool = False,
-                 fullgraph: bool = False) -> None:
-        self.nll, self.cfg = nll, cfg
-        self.step_fn = functools.partial(inner_step, nll, cfg)
-        self.compiled = torch.compile(self.step_fn, fullgraph=fullgraph) if compile else None
+                 fullgraph: bool = False, decoder: Iterable[torch.nn.Parameter] = ()) -> None:
+        self.nll, self.cfg, self.decoder = nll, cfg, list(decoder)
+        self.step_nll = torch.compile(nll, fullgraph=fullgraph) if compile else nll
+        self.step_fn = functools.partial(inner_step, self.step_nll, cfg)
 
     def _step(self, *args) -> torch.Tensor:
-        if self.compiled is None:
+        """One inner step (inner_step's arguments after cfg), the decoder frozen for it."""
+        with frozen(self.decoder):
             return self.step_fn(*args)
-        # torch.autograd.grad is traced into the graph only with this switch; without it Dynamo
-        # breaks the graph there
-        with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return self.compiled(*args)
 
     def fit(self, data: tuple, shape: tuple[int, ...], steps: int | None = None,
             generator: torch.Generator | None = None) -> Posterior:
@@ -230,18 +253,20 @@ class PosteriorFitter:
         lrs = step_sizes(cfg, steps, device)  # (steps,)
         ts = torch.arange(1, steps + 1, dtype=torch.float32, device=device)  # (steps,)
         objective = []
-        for k in range(steps):
-            if k > 0 and not cfg.reuse_noise:
-                eps = torch.randn(shape, device=device, generator=generator)
-            objective.append(self._step(data, mu, log_var, eps, state, ts[k], lrs[k]))
+        with frozen(self.decoder):
+            for k in range(steps):
+                if k > 0 and not cfg.reuse_noise:
+                    eps = torch.randn(shape, device=device, generator=generator)
+                objective.append(self.step_fn(data, mu, log_var, eps, state, ts[k], lrs[k]))
         objective = torch.stack(objective) if objective else torch.zeros(0, device=device)
         return Posterior(mu, log_var, eps, objective)
 
 
 def decoder_fitter(model: LTM, cfg: LatentConfig, compile: bool = False,
                    fullgraph: bool = False) -> PosteriorFitter:
-    """The inner loop of a latent LTM, data = (x, y) (B, T) each."""
-    return PosteriorFitter(functools.partial(sequence_nll, model), cfg, compile, fullgraph)
+    """The inner loop of a latent LTM, data = (x, y) (B, T) each; the model frozen while fitting."""
+    return PosteriorFitter(functools.partial(sequence_nll, model), cfg, compile, fullgraph,
+                           model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------

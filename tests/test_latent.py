@@ -246,3 +246,18 @@ def test_curves_by_inference_steps_cover_eval_batches_and_the_prefix():
                         rel_tol=1e-6)  # equal token counts
     # 0 inner steps: the suffix given a z of q's initial state, not the fitted one
     assert first["val_prefix_nll_by_steps"][0] != first["val_prefix_nll_by_steps"][3]
+
+
+def test_the_inner_loop_forms_no_weight_gradient_and_leaves_the_decoder_trainable():
+    model = tiny_model()
+    x, y = torch.randint(16, (2, 8)), torch.randint(16, (2, 8))
+    seen = []
+    # a hook on the head's input records whether the weight required a gradient mid-loop
+    handle = model.lm_head.register_forward_pre_hook(
+        lambda module, args: seen.append(module.weight.requires_grad))
+    fitter = decoder_fitter(model, LatentConfig(steps=2))
+    fitter.fit((x, y), latent_shape(model.cfg, 2))
+    handle.remove()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.requires_grad for p in model.parameters())
+    assert seen == [], "the inner loop went through lm_head's module (the logits path)"
