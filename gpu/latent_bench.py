@@ -15,9 +15,12 @@ short keeps what it measured, and a section whose turn comes after --budget seco
 1. plain training step (forward, backward, AdamW), eager and compiled: ms, tokens/s
 2. one inner step (forward, backward to mu and log sigma^2, the update of q), eager
 3. the whole latent training step, decoder compiled, inner loop eager: ms, tokens/s
-4. one inner step compiled (ltm.latent.PosteriorFitter compile=True; torch 2.11's Dynamo breaks
-   the graph at requires_grad_, so it is compiled in parts)
+4. one inner step compiled (ltm.latent.PosteriorFitter compile=True: the NLL's forward and
+   backward to z compiled, the decoder frozen, the head's loss through ltm.fused_nll)
 5. the whole latent step with the compiled inner step: ms, tokens/s
+6. the top operations of one compiled inner step by GPU time (torch.profiler)
+7. one inner step compiled with CUDA graphs (mode="reduce-overhead"; CUDA only)
+8. the whole latent step with that inner step
 
 x_plain: ms / the compiled plain step's ms (the eager plain step's in --tiny runs without
 compile). Needs torch with CUDA; --tiny runs on the CPU in a minute or two (compile included;
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -49,7 +53,8 @@ if importlib.util.find_spec("ltm.kernels") is None:
     sys.modules["ltm.kernels"] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
-from ltm.latent import LatentConfig, decoder_fitter, latent_shape, step_sizes  # noqa: E402
+from ltm.latent import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,  # noqa: E402
+                        sequence_nll, step_sizes)
 from ltm.losses import LossModel  # noqa: E402
 from ltm.model import LTM, ModelConfig  # noqa: E402
 from ltm.params import from_mapping, read_params  # noqa: E402
@@ -109,6 +114,28 @@ def inner_step(fitter, cfg: ModelConfig, latent: LatentConfig, x, y, device: tor
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             fitter._step((x, y), mu, log_var, eps, state, t, lr)
     return step
+
+
+def top_kernels(fn, device: torch.device, steps: int = 3, top: int = 15) -> list[dict]:
+    """The `top` operations of `steps` calls of fn by self device time (CPU time on the CPU):
+    name, ms per call, share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        sync(device)
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    events.sort(key=lambda e: -getattr(e, attr))
+    rows = [{"name": e.key[:90], "ms_per_call": getattr(e, attr) / 1e3 / steps,
+             "share": getattr(e, attr) / total} for e in events[:top]]
+    for r in rows:
+        print(f"    {r['ms_per_call']:8.3f} ms {100 * r['share']:5.1f}%  {r['name']}", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -214,6 +241,25 @@ def main() -> None:
                 train_step(step_model, model, x, y, device, amp), True)
             loss_model.fitter = eager_fitter
             write()
+        if section("6. where one compiled inner step spends its time (torch.profiler)"):
+            record["profile_inner"] = top_kernels(
+                inner_step(compiled_fitter, latent_cfg, latent, x, y, device, amp), device)
+            write()
+        if device.type == "cuda":
+            # CUDA graphs (cudagraph trees) over the compiled NLL's forward and backward
+            graphed = PosteriorFitter(
+                torch.compile(functools.partial(sequence_nll, model), mode="reduce-overhead"),
+                latent, decoder=model.parameters())
+            if section("7. one inner step, compiled with CUDA graphs"):
+                add("inner step", "compiled + CUDA graphs",
+                    inner_step(graphed, latent_cfg, latent, x, y, device, amp), False)
+                write()
+            if section(f"8. latent training step, inner step with CUDA graphs, {decoder}"):
+                loss_model.fitter = graphed
+                add(f"latent step ({latent.steps} inner)", f"inner CUDA graphs, {decoder}",
+                    train_step(step_model, model, x, y, device, amp), True)
+                loss_model.fitter = eager_fitter
+                write()
 
     reference = next((r["ms"] for r in rows if r["case"] == "plain step"
                       and r["impl"] == ("compiled" if compile else "eager")), math.nan)
