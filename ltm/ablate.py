@@ -64,6 +64,12 @@ REGISTRY: dict[str, tuple[str, float | None]] = {
     "model.window": ("approximate", None),
     "model.short_conv": ("approximate", None),
     "model.hierarchical": ("approximate", None),
+    # the roadmap's switches of the hierarchical DeltaNet (tests/test_hierarchical.py)
+    "model.hier_op": ("exact", None),  # dual op: the stacked path's function, q, k, v read once
+    "model.fused_proj": ("exact", None),  # one matmul over the two projection weights
+    "model.hier_mix": ("approximate", None),  # sum: no learned fast/slow gate
+    "model.hier_fast_read": ("approximate", None),  # chunk: fast state read at chunk starts only
+    "model.hier_slow_threshold": ("approximate", None),  # event-driven slow state
 }
 
 

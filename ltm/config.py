@@ -41,6 +41,20 @@ class ModelConfig:
     fused_conv: bool = True
     # deltanet: a fast and a slow state per head, mixed by a learned gate
     hierarchical: bool = False
+    # hierarchical deltanet, the roadmap's switches (ltm/ops/dual_delta_rule/step.py defines them):
+    # stacked = the plain delta rule on q, k, v concatenated twice; dual = both states in one op
+    # reading q, k, v once (same function); the two variants below always run the dual op
+    hier_op: Literal["stacked", "dual"] = "stacked"
+    # fast/slow output mix: gate = learned sigmoid gate per token and head; sum = fast + slow
+    hier_mix: Literal["gate", "sum"] = "gate"
+    # token = the fast state read at every token; chunk = read only as it stood at the last chunk
+    # boundary (no intra-chunk attention; chunks of chunk_size from position 0)
+    hier_fast_read: Literal["token", "chunk"] = "token"
+    # event-driven slow state: a chunk's update is kept only if its surprise (sum |delta|^2 /
+    # sum |beta v|^2) is >= this; null = always kept
+    hier_slow_threshold: float | None = None
+    # deltanet: q, k, v and the gates projected by one matmul (one weight read as two)
+    fused_proj: bool = False
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
     rope_theta: float = 10000.0
@@ -73,6 +87,14 @@ class ModelConfig:
         check(self.conv_size >= 2, "conv_size", f"must be >= 2, got {self.conv_size}")
         check(not self.hierarchical or self.mixer == "deltanet", "hierarchical",
               f"applies to mixer 'deltanet' only, not {self.mixer!r}")
+        check(self.hier_op in ("stacked", "dual"), "hier_op",
+              f"expected 'stacked' or 'dual', got {self.hier_op!r}")
+        check(self.hier_mix in ("gate", "sum"), "hier_mix",
+              f"expected 'gate' or 'sum', got {self.hier_mix!r}")
+        check(self.hier_fast_read in ("token", "chunk"), "hier_fast_read",
+              f"expected 'token' or 'chunk', got {self.hier_fast_read!r}")
+        check(self.hier_slow_threshold is None or self.hier_slow_threshold >= 0,
+              "hier_slow_threshold", f"must be >= 0 or null, got {self.hier_slow_threshold}")
         check(self.n_latent >= 0, "n_latent", f"must be >= 0, got {self.n_latent}")
         check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
         check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")

@@ -24,6 +24,7 @@ from torch import nn
 
 from ltm.config import ModelConfig
 from ltm.ops.delta_rule import delta_rule, delta_rule_one_token
+from ltm.ops.dual_delta_rule import dual_delta_rule, dual_delta_rule_one_token, init_dual_state
 from ltm.ops.rwkv7 import rwkv7, rwkv7_one_token
 
 
@@ -232,7 +233,10 @@ class DeltaNet(nn.Module):
     """Gated DeltaNet: L2-normalised q and k, beta = sigmoid(.), per-head log decay
     g = -exp(A_log) * softplus(. + dt_bias), an optional short causal convolution on q, k, v, and a
     gated per-head RMSNorm on the output. `hierarchical` keeps a fast and a slow state per head
-    (the same q, k, v, decays initialised apart) and mixes their outputs by a learned gate."""
+    (the same q, k, v, decays initialised apart) and mixes their outputs by a learned gate.
+    The roadmap's switches (model.hier_*, fused_proj; defaults = the layer as it was): the dual
+    op reading q, k, v once, the mix by plain sum, the fast state read at chunk boundaries only,
+    the event-driven slow state (ltm/ops/dual_delta_rule/step.py defines the last two)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -255,9 +259,16 @@ class DeltaNet(nn.Module):
         # fast/slow mix (n_heads) from one matmul: as matmuls of their own, beta's and the decay's
         # 12 columns took about 0.08 ms per layer together on an H100 (B8, T2048)
         self.gate_widths = [C, n_states, n_states, self.n_heads if cfg.hierarchical else 0]
+        # (the mix columns stay with hier_mix sum, unused: every variant loads the same checkpoint)
         self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
         self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
         self.out_proj = nn.Linear(C, C, bias=False)
+        self.fused_proj, self.mix_kind = cfg.fused_proj, cfg.hier_mix
+        # the roadmap's variants of the hierarchical layer (ltm/ops/dual_delta_rule/step.py)
+        self.variant = {"fast_read": cfg.hier_fast_read, "slow_threshold": cfg.hier_slow_threshold,
+                        "chunk_size": cfg.chunk_size}
+        self.dual = cfg.hierarchical and (cfg.hier_op == "dual" or cfg.hier_fast_read == "chunk"
+                                          or cfg.hier_slow_threshold is not None)
 
     def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
         n_states = self.A_log.numel()
@@ -266,13 +277,50 @@ class DeltaNet(nn.Module):
         if self.conv is not None:
             conv = torch.zeros(batch, 3 * self.n_heads * D, self.conv.conv_size - 1,
                                device=device, dtype=dtype)
+        if self.dual:
+            return {"conv": conv, **init_dual_state(
+                batch, self.n_heads, D, D, fast_read=self.variant["fast_read"],
+                slow_threshold=self.variant["slow_threshold"], device=device,
+                dtype=state_dtype(dtype))}
         return {"conv": conv,
                 "S": torch.zeros(batch, n_states, D, D, device=device, dtype=state_dtype(dtype))}
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """qkv (B, T, 3C) and the gate columns; with fused_proj from one matmul over the two
+        weights concatenated (the parameters stay two, so checkpoints load either way)."""
+        if not self.fused_proj:
+            return self.qkv(x), self.gate_proj(x)
+        weight = torch.cat([self.qkv.weight, self.gate_proj.weight])
+        return F.linear(x, weight).split([self.qkv.out_features, self.gate_proj.out_features], -1)
+
+    def _recurrence(self, q, k, v, beta, g, state: dict | None):
+        """The delta rule(s): o (B, T, n_states, D) and the new recurrent part of the state."""
+        T = q.shape[1]
+        if self.dual:
+            recurrent = None if state is None else {key: value for key, value in state.items()
+                                                    if key != "conv"}
+            if recurrent is not None and T == 1:
+                o, new = dual_delta_rule_one_token(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0],
+                                                   recurrent, **self.variant)
+                return o[:, None], new
+            return dual_delta_rule(q, k, v, beta, g, kernel=self.kernel, state=recurrent,
+                                   output_final_state=state is not None, **self.variant)
+        if self.hierarchical:
+            # fast and slow states read and write the same q, k, v: stack them as extra heads
+            q, k, v = (torch.cat([t, t], dim=2) for t in (q, k, v))
+        initial = None if state is None else state["S"]
+        if state is not None and T == 1:
+            o, S = delta_rule_one_token(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], initial,
+                                        kernel=self.kernel)
+            return o[:, None], {"S": S}
+        o, S = delta_rule(q, k, v, beta, g, kernel=self.kernel, chunk_size=self.chunk_size,
+                          initial_state=initial, output_final_state=state is not None)
+        return o, {"S": S}
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
-        qkv, conv_state = self.qkv(x), None
+        (qkv, gates), conv_state = self._project(x), None
         if self.conv is not None and state is None and self.kernel == "triton" and self.fused_conv:
             from ltm.kernels.short_conv import short_conv_qkv
             # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
@@ -282,32 +330,25 @@ class DeltaNet(nn.Module):
                 qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
             q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        gate, beta, g, mix = self.gate_proj(x).split(self.gate_widths, dim=-1)
+        gate, beta, g, mix = gates.split(self.gate_widths, dim=-1)
         # (B, T, n_states)
         beta = torch.sigmoid(beta)
         g = -self.A_log.exp() * F.softplus(g + self.dt_bias)
-        if self.hierarchical:
-            # fast and slow states read and write the same q, k, v: stack them as extra heads
-            q, k, v = (torch.cat([t, t], dim=2) for t in (q, k, v))
-        initial = None if state is None else state["S"]
-        if state is not None and T == 1:
-            o, S = delta_rule_one_token(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], initial,
-                                        kernel=self.kernel)
-            o = o[:, None]
-        else:
-            o, S = delta_rule(q, k, v, beta, g, kernel=self.kernel, chunk_size=self.chunk_size,
-                              initial_state=initial, output_final_state=state is not None)
+        o, recurrent = self._recurrence(q, k, v, beta, g, state)
         if self.hierarchical:
             fast, slow = o.chunk(2, dim=2)
-            mix = torch.sigmoid(mix)[..., None]
-            o = mix * fast + (1 - mix) * slow
+            if self.mix_kind == "sum":
+                o = fast + slow
+            else:
+                mix = torch.sigmoid(mix)[..., None]
+                o = mix * fast + (1 - mix) * slow
         # (B, T, H, D)
         # the weight in o's dtype: with a float32 weight on bf16 o, torch falls back from its fused
         # kernel (and warns)
         o = F.rms_norm(o, (D,), self.norm_weight.to(o.dtype), self.norm_eps)
         o = o * F.silu(gate).reshape(B, T, H, D)
         y = self.out_proj(o.reshape(B, T, C))
-        return y, (None if state is None else {"conv": conv_state, "S": S})
+        return y, (None if state is None else {"conv": conv_state, **recurrent})
 
 
 def make_mixer(cfg: ModelConfig, layer: int) -> nn.Module:
