@@ -182,3 +182,13 @@ def test_bad_variant_one_line_errors(kwargs, match):
     q, k, v, beta, g = make_inputs(1, 4, 1, 4, 4, torch.float64, 0)
     with pytest.raises(ValueError, match=match):
         dual_delta_rule(q, k, v, beta, g, kernel="torch", **{"chunk_size": 4, **kwargs})
+
+
+def test_output_dtype_follows_v_and_autocast_leaves_the_recurrence_in_float32():
+    q, k, v, beta, g = make_inputs(1, 20, 2, 4, 4, torch.float32, case_seed())
+    o, _ = dual_delta_rule(q, k, v.bfloat16(), beta, g, kernel="torch", chunk_size=8)
+    assert o.dtype == torch.bfloat16
+    plain, _ = dual_delta_rule(q, k, v, beta, g, kernel="torch", chunk_size=8)
+    with torch.autocast("cpu", torch.bfloat16):
+        auto, _ = dual_delta_rule(q, k, v, beta, g, kernel="torch", chunk_size=8)
+    assert auto.dtype == torch.float32 and rel_err(auto, plain) < 1e-6

@@ -80,8 +80,17 @@ def chunk_dual_delta_rule(
     autograd. q, k: [B, T, H, K]; v: [B, T, H, V]; beta, g: [B, T, 2H] (fast first); state: at a
     chunk boundary (its "pos" a multiple of chunk_size) or None. Returns o [B, T, 2H, V] in the
     dtype of v and, when `output_final_state`, the final state (see step.py), else None."""
+    # float32 (float64) throughout, autocast or not: under bf16 autocast the matmuls of the state
+    # hand-off would otherwise round the recurrent state to bf16 at every chunk
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunk_dual(q, k, v, beta, g, fast_read, slow_threshold, chunk_size, scale, state,
+                           output_final_state)
+
+
+def _chunk_dual(q, k, v, beta, g, fast_read, slow_threshold, chunk_size, scale, state,
+                output_final_state):
     B, T, H, K = q.shape
-    V, C = v.shape[-1], chunk_size
+    V, C, out_dtype = v.shape[-1], chunk_size, v.dtype
     scale = K ** -0.5 if scale is None else scale
     dtype = torch.promote_types(q.dtype, torch.float32)
     if T == 0:  # nothing to do: the state as it came (zeros when None)
@@ -116,7 +125,7 @@ def chunk_dual_delta_rule(
     else:
         o = o + o_local
     # (B, 2, H, N, C, V) -> (B, T, 2H, V)
-    o = o.permute(0, 3, 4, 1, 2, 5).reshape(B, -1, 2 * H, V)[:, :T].to(v.dtype)
+    o = o.permute(0, 3, 4, 1, 2, 5).reshape(B, -1, 2 * H, V)[:, :T].to(out_dtype)
     if not output_final_state:
         return o, None
     return o, _final_state(state, S, entering, G, err, ref, T, C, fast_read, event, B, H)
