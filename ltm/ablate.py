@@ -52,6 +52,8 @@ REGISTRY: dict[str, tuple[str, float | None]] = {
     "train.opt.fused_loss": ("exact", None),
     "train.opt.workers": ("exact", None),
     "train.opt.pin_memory": ("exact", None),
+    "train.opt.compile_mode": ("exact", None),  # the same graph, launched from CUDA graphs
+    "train.opt.fused_ops": ("exact", None),  # the same maths in fused kernels (float32 inside)
     "model.checkpointing": ("exact", None),
     "model.kernel": ("exact", None),  # the same recurrence, summed in another order
     "model.chunk_size": ("exact", None),  # the chunked form is exact algebra for any chunk
@@ -60,6 +62,9 @@ REGISTRY: dict[str, tuple[str, float | None]] = {
     "train.opt.tf32": ("approximate", None),  # 10-bit mantissa matmul inputs
     "train.opt.pretokenized": ("approximate", None),  # other random windows of the same text
     "train.batch_size": ("approximate", None),
+    "train.opt.fp8": ("approximate", None),  # float8 matmul inputs (scaled e4m3 / e5m2)
+    "train.optimizer": ("approximate", None),  # another optimiser: other weights after the steps
+    "train.muon_lr": ("approximate", None),
     "model.mixer": ("approximate", None),  # another architecture: its weights are not trained
     "model.window": ("approximate", None),
     "model.short_conv": ("approximate", None),

@@ -149,14 +149,16 @@ class LossModel(nn.Module):
     negative ELBO, only q's parameters updated), then the decoder's loss is the mean token
     cross-entropy given one sample of q, detached: the slow step, as in Latent Thought Models.
     latent: the train.latent section (None = its defaults); compile also compiles the inner step
-    when latent.compile is auto."""
+    when latent.compile is auto. fused_ce: Liger-Kernel's fused linear cross-entropy
+    (train.opt.fused_ops cross_entropy, ltm.fused) instead of either loss above."""
 
     def __init__(self, model: LTM, fused_loss: bool, compile: bool,
-                 latent: LatentConfig | None = None) -> None:
+                 latent: LatentConfig | None = None, fused_ce: bool = False) -> None:
         # imported here: ltm.latent imports IGNORE_INDEX from this module
         from ltm.latent import LatentConfig, decoder_fitter
         super().__init__()
         self.model, self.fused_loss, self.compile = model, fused_loss, compile
+        self.fused_ce = fused_ce
         self.latent = LatentConfig() if latent is None else latent
         self.uses_latents = model.cfg.n_latent > 0 and self.latent.steps > 0
         compile_inner = compile if self.latent.compile == "auto" else self.latent.compile
@@ -165,6 +167,10 @@ class LossModel(nn.Module):
                        else None)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused_ce:
+            from ltm.fused import fused_linear_cross_entropy  # imports Triton: only when asked
+            return fused_linear_cross_entropy(self.model.hidden(x, z), self.model.lm_head.weight,
+                                              y, IGNORE_INDEX)
         if not self.fused_loss:
             return self.model(x, y, z=z)[1]
         hidden = self.model.hidden(x, z)  # (B, T, d_model)

@@ -19,6 +19,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ltm.batches import open_source
+from ltm.levers import MuonAdamW, optimizer_parts
 from ltm.model import LTM, ModelConfig
 from ltm.train import Trainer, TrainConfig, evaluate, seed_everything
 
@@ -76,18 +77,15 @@ class Runner:
         t = self.trainer
         self.close_loader()
         load_weights(t.model, self.state["model"])
-        t.optimizer.state.clear()
-        if self.loaded == "all":
-            # a copy: load_state_dict keeps the given moment tensors and the steps update them in
-            # place, which would move the checkpoint itself
-            saved = {**copy.deepcopy(self.state["optimizer"]), "param_groups": [
-                # the saved flags (fused, foreach, ...) are the checkpoint's, not this switch's
-                {**saved_group, **{k: v for k, v in group.items() if k != "params"},
-                 "lr": saved_group["lr"], "initial_lr": saved_group.get("initial_lr", group["lr"])}
-                for saved_group, group in zip(self.state["optimizer"]["param_groups"],
-                                              t.optimizer.param_groups)]}
-            t.optimizer.load_state_dict(saved)
-        t.scheduler.load_state_dict(self.state["scheduler"])
+        for part in optimizer_parts(t.optimizer):
+            part.state.clear()
+        # another optimiser than the checkpoint's (train.optimizer): fresh moments, the schedule's
+        # position only
+        saved_muon = set(self.state["optimizer"]["state"]) == {"muon", "adamw"}
+        same = isinstance(t.optimizer, MuonAdamW) == saved_muon
+        if self.loaded == "all" and same:
+            restore_optimizer(t.optimizer, self.state["optimizer"])
+        restore_schedule(t.scheduler, self.state["scheduler"], same)
         if t.scaler.is_enabled() and self.state.get("scaler"):
             t.scaler.load_state_dict(self.state["scaler"])
         t.step, t.history, t.pending = self.start, [], []
@@ -145,6 +143,34 @@ class Runner:
         return self.trainer.tokens_per_step()
 
 
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a checkpoint's optimiser state (of the same kind) into `optimizer`, keeping this
+    configuration's flags (fused, foreach, ...) and taking the checkpoint's lr."""
+    if isinstance(optimizer, MuonAdamW):
+        for name, part in optimizer.parts.items():
+            restore_optimizer(part, {"state": saved["state"][name],
+                                     "param_groups": saved["param_groups"][name]})
+        return
+    # a copy: load_state_dict keeps the given moment tensors and the steps update them in place,
+    # which would move the checkpoint itself
+    optimizer.load_state_dict({**copy.deepcopy(saved), "param_groups": [
+        {**saved_group, **{k: v for k, v in group.items() if k != "params"},
+         "lr": saved_group["lr"], "initial_lr": saved_group.get("initial_lr", group["lr"])}
+        for saved_group, group in zip(saved["param_groups"], optimizer.param_groups)]})
+
+
+def restore_schedule(scheduler, saved: dict, same_optimizer: bool) -> None:
+    """The checkpoint's lr schedule; for another optimiser (other groups, other peak lrs) only
+    its position, each group's lr set from its own peak."""
+    if same_optimizer:
+        scheduler.load_state_dict(saved)
+        return
+    scheduler.last_epoch = saved["last_epoch"]
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
+                                   scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+
+
 def load_weights(model: nn.Module, saved: dict) -> str:
     """Load the tensors of `saved` that fit `model` (same name and shape); 'all' when every
     tensor of both matched, else 'k of n' (another architecture: the rest keep their init)."""
@@ -164,7 +190,7 @@ def fits(model_cfg: ModelConfig, saved: dict) -> bool:
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     tensors = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
-    for state in optimizer.state.values():
+    for state in (s for part in optimizer_parts(optimizer) for s in part.state.values()):
         for value in state.values():
             if torch.is_tensor(value):
                 tensors[value.data_ptr()] = value.numel() * value.element_size()

@@ -36,6 +36,7 @@ from ltm.corpus import DataError
 from ltm.counterpart import CounterpartConfig, train_with_counterparts
 from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
 from ltm.latent import LatentConfig, validation_metrics
+from ltm.levers import FUSED_OPS, convert_fp8, make_muon, resolve_data, time_to_target
 from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, read_params, to_dict
@@ -57,9 +58,18 @@ class OptConfig:
     pin_memory: bool | Auto = "auto"  # page-locked batches, copied with non_blocking (CUDA only)
     pretokenized: bool = True  # false = tokenise raw text for every batch (the baseline)
     fused_loss: bool | Auto = "auto"  # chunked cross-entropy, no full-vocabulary logits
+    # torch.compile's mode: default | reduce-overhead (CUDA graphs of the forward and backward)
+    # | max-autotune | max-autotune-no-cudagraphs; with compile on only
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = "default"
+    fp8: bool = False  # torchao float8 training of the block linears (CUDA, SM 8.9+)
+    # fused kernels (ltm.fused): some of rms_norm, swiglu, rope, cross_entropy
+    fused_ops: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         check(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
+        unknown = [op for op in self.fused_ops if op not in FUSED_OPS]
+        check(not unknown, "fused_ops", f"unknown {unknown}; expected some of {list(FUSED_OPS)}")
 
 
 @dataclass
@@ -68,8 +78,9 @@ class TrainConfig:
 
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # cache = the token cache of the tokenize stage; synthetic = uniform random tokens (throughput)
-    data: Literal["cache", "synthetic"] = "cache"
+    # cache = the token cache of the tokenize stage; synthetic = uniform random tokens (throughput);
+    # auto = the cache in data.cache_dir when there is one, else synthetic (the GPU profile)
+    data: Literal["cache", "synthetic", "auto"] = "cache"
     steps: int = 200  # optimiser steps
     batch_size: int | Auto = 16  # sequences per process per micro-step; auto = largest that fits
     seq_len: int = 128
@@ -88,6 +99,18 @@ class TrainConfig:
     log_every: int = 10  # steps between progress updates (each one waits for the device)
     timing_warmup: int = 5  # first steps left out of tokens/s (compilation, allocator warm-up)
     memory_fraction: float = 0.85  # batch_size auto: share of GPU memory a step may use
+    # adamw; or muon: torch.optim.Muon on the blocks' 2-D weights, AdamW (lr, betas,
+    # weight_decay above) on the embedding / head and the norms (ltm.levers); same lr schedule
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02  # Muon's peak lr (its schedule: lr's, scaled by muon_lr / lr)
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    # original: lr * sqrt(max(1, rows / cols)) (Keller Jordan's); match_rms_adamw: Moonshot's
+    # 0.2 * sqrt(max(rows, cols)), which lets muon_lr be an AdamW-sized lr
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    # time to target: the first evaluation whose val_loss <= target_loss is recorded (train.json:
+    # seconds, tokens, step); null = off
+    target_loss: float | None = None
     # latent thoughts (model.n_latent > 0): each batch's posterior and its inner loop
     latent: LatentConfig = field(default_factory=LatentConfig)
     # the train stage's other models beside this one: latent vs plain (ltm.counterpart)
@@ -106,6 +129,11 @@ class TrainConfig:
         check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
         check(0 < self.memory_fraction <= 1, "memory_fraction",
               f"must be in (0, 1], got {self.memory_fraction}")
+        check(self.muon_lr > 0, "muon_lr", f"must be > 0, got {self.muon_lr}")
+        check(0 <= self.muon_momentum < 1, "muon_momentum",
+              f"must be in [0, 1), got {self.muon_momentum}")
+        check(self.muon_weight_decay >= 0, "muon_weight_decay",
+              f"must be >= 0, got {self.muon_weight_decay}")
 
 
 @dataclass
@@ -120,6 +148,9 @@ class Switches:
     pin_memory: bool
     pretokenized: bool
     fused_loss: bool
+    compile_mode: str = "default"
+    fp8: bool = False
+    fused_ops: tuple[str, ...] = ()
 
 
 def resolve_switches(opt: OptConfig, device: torch.device) -> Switches:
@@ -133,7 +164,9 @@ def resolve_switches(opt: OptConfig, device: torch.device) -> Switches:
     # page-locked memory only speeds up copies to a GPU; TF32 is a GPU number format
     decide["pin_memory"] = decide["pin_memory"] and cuda
     decide["tf32"] = decide["tf32"] and cuda
-    return Switches(amp=amp, workers=opt.workers, pretokenized=opt.pretokenized, **decide)
+    return Switches(amp=amp, workers=opt.workers, pretokenized=opt.pretokenized,
+                    compile_mode=opt.compile_mode, fp8=opt.fp8, fused_ops=tuple(opt.fused_ops),
+                    **decide)
 
 
 @dataclass
@@ -160,6 +193,10 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool):
+    if cfg.optimizer == "muon":
+        optimizer = make_muon(model, cfg, fused)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+        return optimizer, scheduler
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -231,7 +268,8 @@ class Trainer:
         self.cfg, self.sw = cfg, resolve_switches(cfg.opt, self.device)
         # global state: set both ways, so that runs in one process do not leak into each other
         torch.set_float32_matmul_precision("high" if self.sw.tf32 else "highest")
-        self.source = ("synthetic" if cfg.data == "synthetic"
+        data = resolve_data(cfg.data, cache_dir, self.say)
+        self.source = ("synthetic" if data == "synthetic"
                        else "cache" if self.sw.pretokenized else "raw")
         self.model_cfg = with_vocab(model_cfg, cache_dir, self.source)
         self.cache_dir, self.progress = cache_dir, progress
@@ -242,7 +280,13 @@ class Trainer:
         self.data = check_data(self.source, cache_dir, cfg.seq_len, stamp)
         seed_everything(cfg.seed)
         self.model = LTM(self.model_cfg).to(self.device)
-        self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent)
+        if self.sw.fused_ops:
+            from ltm.fused import apply_fused_ops  # imports Triton: only when asked
+            apply_fused_ops(self.model, self.sw.fused_ops)
+        if self.sw.fp8:
+            convert_fp8(self.model, self.device)
+        self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent,
+                                    fused_ce="cross_entropy" in self.sw.fused_ops)
         self.batch_size = cfg.batch_size
         if cfg.batch_size == "auto":
             self.batch_size = find_batch_size(self.loss_model, cfg.seq_len, self.model_cfg.vocab_size,
@@ -253,13 +297,18 @@ class Trainer:
         # (perf_counter at the start, seconds of earlier runs): run() sets it after resuming
         self.clock = (time.perf_counter(), 0.0)
         self.last_saved: int | None = None
+        # seconds spent on evaluation and checkpoints (timed_aside), kept out of train_seconds
+        self.aside = 0.0
+        # compile modes that capture CUDA graphs: each step is marked as a new replay
+        self.graphs = self.sw.compile and self.sw.compile_mode in ("reduce-overhead", "max-autotune")
         self.step_model: nn.Module = self.loss_model
         if self.world > 1:
             # unused parameters: the latent cross-attention when training without z
             unused = self.model_cfg.n_latent > 0 and cfg.latent.steps == 0
             self.step_model = DistributedDataParallel(self.loss_model, find_unused_parameters=unused)
         if self.sw.compile:
-            self.step_model = torch.compile(self.step_model)
+            mode = None if self.sw.compile_mode == "default" else self.sw.compile_mode
+            self.step_model = torch.compile(self.step_model, mode=mode)
 
     def config_dicts(self) -> tuple[dict, dict]:
         return to_dict(self.model_cfg), to_dict(self.cfg)
@@ -284,6 +333,7 @@ class Trainer:
         self.scaler.load_state_dict(saved["scaler"])
         ckpt.set_rng_state(saved["rng"][self.rank])
         self.step, self.history, self.last_saved = saved["step"], saved["history"], saved["step"]
+        self.aside = saved.get("aside_seconds", 0.0)
         self.say(f"resuming from {self.path} at step {self.step}")
         return saved["metrics"] if self.step >= self.cfg.steps else None
 
@@ -299,7 +349,7 @@ class Trainer:
                 "step": self.step, "next_micro_batch": self.step * self.cfg.grad_accum,
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "rng": rng, "history": self.history, "metrics": metrics,
+                "rng": rng, "history": self.history, "metrics": metrics, "aside_seconds": self.aside,
                 "model_cfg": self.config_dicts()[0], "train_cfg": self.config_dicts()[1],
                 "world_size": self.world, "code": ckpt.code_fingerprint(), "data": self.data})
         self.last_saved = self.step
@@ -316,6 +366,8 @@ class Trainer:
 
     def train_step(self, batches, timing: dict) -> None:
         """One optimiser step over grad_accum micro-batches."""
+        if self.graphs:  # the previous step's graph outputs may be overwritten from here
+            torch.compiler.cudagraph_mark_step_begin()
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
             waited = time.perf_counter()
@@ -398,10 +450,12 @@ class Trainer:
         return TrainResult(metrics, self.history, self.path)
 
     def validate(self, val) -> None:
+        train_seconds = self.train_seconds()
         loss = evaluate(self.step_model, val, self.cfg, self.batch_size, self.sw, self.device,
                         self.rank, self.world)
         self.history.append({"step": self.step, "split": "val", "loss": loss,
-                             "seconds": self.elapsed()})
+                             "seconds": self.elapsed(), "train_seconds": train_seconds,
+                             "tokens": self.step * self.tokens_per_step()})
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -414,10 +468,17 @@ class Trainer:
         work()
         self.synchronize()
         timing["excluded"] += time.perf_counter() - begin
+        self.aside += time.perf_counter() - begin
 
     def elapsed(self) -> float:
         started, offset = self.clock
         return round(offset + time.perf_counter() - started, 3)
+
+    def train_seconds(self) -> float:
+        """Wall-clock seconds of training so far, evaluations and checkpoints left out (the
+        clock of time to target; compilation and warm-up steps count)."""
+        self.synchronize()
+        return round(self.elapsed() - self.aside, 3)
 
     def mark_window(self, timing: dict) -> None:
         """tokens/s of the window since the last mark (evaluation and checkpoints left out): their
@@ -484,6 +545,7 @@ class Trainer:
             "peak_memory_mib": round(memory, 1), "peak_memory_kind": memory_kind,
             "data_wait_fraction": round(timing["data_wait"] / timed, 4) if timed > 0 else None,
             "seconds": round(seconds, 2), "switches": dataclasses.asdict(self.sw),
+            "optimizer": self.cfg.optimizer, **time_to_target(self.history, self.cfg.target_loss),
             "torch": torch.__version__,
             # last, so that its time stays out of the timings above
             **self.final_evaluation(),
@@ -504,10 +566,15 @@ def write_outputs(result: TrainResult, metrics_path: str | Path, plot_path: str 
     for path in (Path(metrics_path), plot_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(result.metrics, indent=1) + "\n")
-    for split, path in (("train", plot_path), ("val", val_curve_path(plot_path))):
-        rows = ["step,seconds,loss"] + [f"{r['step']},{r.get('seconds', '')},{r['loss']!r}"
-                                         for r in result.history if r["split"] == split]
-        path.write_text("\n".join(rows) + "\n")
+    train = ["step,seconds,loss"] + [f"{r['step']},{r.get('seconds', '')},{r['loss']!r}"
+                                     for r in result.history if r["split"] == "train"]
+    plot_path.write_text("\n".join(train) + "\n")
+    # the validation curve also against training seconds (evaluations left out) and tokens: the
+    # axes of time to target
+    val = ["step,seconds,loss,train_seconds,tokens"] + [
+        f"{r['step']},{r.get('seconds', '')},{r['loss']!r},{r.get('train_seconds', '')},"
+        f"{r.get('tokens', '')}" for r in result.history if r["split"] == "val"]
+    val_curve_path(plot_path).write_text("\n".join(val) + "\n")
     # always written (a header alone without counterparts): an output of the stage
     rows = ["model,split,step,seconds,loss"] + [
         f"{r['model']},{r['split']},{r['step']},{r.get('seconds', '')},{r['loss']!r}"

@@ -232,10 +232,12 @@ def run_to_completion(command: list[str]) -> None:
 
 
 def curve(path: Path) -> list[tuple[int, float]]:
-    """(step, loss) rows of a loss-curve CSV (step,seconds,loss): wall-clock seconds differ
-    between runs, the losses must not."""
-    rows = [line.split(",") for line in path.read_text().split()[1:]]
-    return [(int(step), float(loss)) for step, _, loss in rows]
+    """(step, loss) rows of a loss-curve CSV (step,seconds,loss[,train_seconds,tokens]):
+    wall-clock seconds differ between runs, the losses must not."""
+    header, *lines = path.read_text().split()
+    names = header.split(",")
+    rows = [dict(zip(names, line.split(","))) for line in lines]
+    return [(int(row["step"]), float(row["loss"])) for row in rows]
 
 
 def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
@@ -303,7 +305,8 @@ def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
     lines = (tmp_path / "p" / "train_loss.csv").read_text().split()
     assert lines[0] == "step,seconds,loss" and lines[-1].startswith("3,") and len(lines) == 4
     val = (tmp_path / "p" / "val_loss.csv").read_text().split()
-    assert val[0] == "step,seconds,loss" and val[1].startswith("3,") and len(val) == 2
+    assert val[0] == "step,seconds,loss,train_seconds,tokens" and val[1].startswith("3,")
+    assert len(val) == 2
     seconds = [float(line.split(",")[1]) for line in lines[1:]]
     assert seconds == sorted(seconds) and seconds[0] >= 0
     with pytest.raises(ParamsError, match="--set: 'train' is not of the form section.key=value"):
@@ -530,3 +533,85 @@ def test_counterparts_off_train_the_configured_model_alone(cache_dir, tmp_path):
     assert "comparison" not in json.loads((out / "train.json").read_text())
     assert (out / "compare_loss.csv").read_text().split() == ["model,split,step,seconds,loss"]
     assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()] == []
+
+
+# --- the levers of ltm.levers / ltm.fused in the training loop ------------------------------
+
+def test_new_switches_are_off_by_default_and_checked():
+    cpu = resolve_switches(OptConfig(), torch.device("cpu"))
+    assert (cpu.compile_mode, cpu.fp8, cpu.fused_ops) == ("default", False, ())
+    cfg = TrainConfig()
+    assert (cfg.optimizer, cfg.target_loss) == ("adamw", None)
+    with pytest.raises(ParamsError, match=r"^train.opt.fused_ops: unknown \['layernorm'\]"):
+        from_mapping(TrainConfig, {"opt": {"fused_ops": ["layernorm"]}}, "train")
+    with pytest.raises(ParamsError, match=r"^train.optimizer: expected 'adamw' or 'muon'"):
+        from_mapping(TrainConfig, {"optimizer": "lion"}, "train")
+    with pytest.raises(ParamsError, match=r"^train.muon_lr: must be > 0"):
+        from_mapping(TrainConfig, {"muon_lr": 0}, "train")
+    with pytest.raises(ParamsError, match=r"^train.opt.compile_mode: expected"):
+        from_mapping(TrainConfig, {"opt": {"compile_mode": "fast"}}, "train")
+
+
+def test_fp8_on_the_cpu_is_a_one_line_error(cache_dir, tmp_path):
+    model_cfg, cfg = tiny(opt={"fp8": True})
+    with pytest.raises(ParamsError, match=r"^train.opt.fp8: needs a CUDA GPU of compute capability"):
+        run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+
+
+def test_fused_ops_train_like_the_plain_model(cache_dir, tmp_path):
+    model_cfg, plain = tiny(steps=3)
+    _, fused = tiny(steps=3, seed=plain.seed, opt={"fused_ops": ["rms_norm", "swiglu", "rope",
+                                                                 "cross_entropy"]})
+    a = train_losses(run_training(model_cfg, plain, cache_dir, str(tmp_path / "a"), progress=False))
+    b = train_losses(run_training(model_cfg, fused, cache_dir, str(tmp_path / "b"), progress=False))
+    assert rel_diff(b, a) < 1e-5, f"{b} vs {a} (seed {plain.seed})"
+
+
+def test_muon_learns_and_resumes_bit_exact(cache_dir, tmp_path, monkeypatch):
+    model_cfg, cfg = tiny(steps=4, optimizer="muon", lr=1e-2, muon_lr=0.02, resume=True,
+                          checkpoint_every=2, eval_every=2)
+    whole = run_training(model_cfg, cfg, cache_dir, str(tmp_path / "whole"), progress=False)
+    losses = train_losses(whole)
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+    assert whole.metrics["optimizer"] == "muon"
+    saved = ckpt.load_checkpoint(tmp_path / "whole" / ckpt.CHECKPOINT_FILE)
+    assert set(saved["optimizer"]["state"]) == {"muon", "adamw"}
+    # stopped after the checkpoint of step 2, then resumed to the end: the same losses as one run
+    step = Trainer.train_step
+
+    def stop_after_two(self, *args):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        step(self, *args)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(model_cfg, cfg, cache_dir, str(tmp_path / "split"), progress=False)
+    monkeypatch.setattr(Trainer, "train_step", step)
+    resumed = run_training(model_cfg, cfg, cache_dir, str(tmp_path / "split"), progress=False)
+    assert train_losses(resumed) == losses
+
+
+def test_time_to_target_is_recorded_and_written(cache_dir, tmp_path):
+    model_cfg, cfg = tiny(steps=6, eval_every=2, lr=1e-2, target_loss=100.0)
+    result = run_training(model_cfg, cfg, cache_dir, str(tmp_path / "ckpt"), progress=False)
+    m = result.metrics
+    assert m["target_loss"] == 100.0 and m["steps_to_target"] == 2
+    assert m["tokens_to_target"] == 2 * 4 * 16 and 0 < m["time_to_target_s"] <= m["seconds"]
+    never = run_training(model_cfg, TrainConfig(**{**cfg.__dict__, "target_loss": 0.0}), cache_dir,
+                         str(tmp_path / "never"), progress=False).metrics
+    assert never["time_to_target_s"] is None and never["tokens_to_target"] is None
+    train_module.write_outputs(result, tmp_path / "train.json", tmp_path / "loss.csv")
+    val = (tmp_path / "val_loss.csv").read_text().split()
+    assert val[0] == "step,seconds,loss,train_seconds,tokens" and len(val) == 4
+    rows = [line.split(",") for line in val[1:]]
+    # training seconds leave evaluations out: never more than the wall clock
+    assert all(float(r[3]) <= float(r[1]) for r in rows) and [int(r[4]) for r in rows] == [128, 256, 384]
+
+
+def test_data_auto_uses_the_cache_when_there_is_one(cache_dir, tmp_path, capsys):
+    from ltm.levers import resolve_data
+    assert resolve_data("auto", cache_dir, print) == "cache"
+    assert resolve_data("auto", str(tmp_path / "none"), print) == "synthetic"
+    assert "random tokens" in capsys.readouterr().out
+    assert resolve_data("synthetic", cache_dir, print) == "synthetic"

@@ -1,0 +1,131 @@
+"""ltm.levers: Muon + AdamW as one optimiser, the float8 conversion's choice of modules, time to
+target (the loop's use of them: tests/test_train.py)."""
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from ltm.levers import (MuonAdamW, convert_fp8, fp8_filter, fp8_ready, make_muon, muon_split,
+                        optimizer_parts, time_to_target)
+from ltm.model import LTM, ModelConfig
+from ltm.params import ParamsError
+from ltm.profile import restore_schedule
+from ltm.train import TrainConfig, make_optimizer
+
+
+def tiny_model(n_latent: int = 0) -> LTM:
+    torch.manual_seed(0)
+    return LTM(ModelConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=16,
+                           n_latent=n_latent))
+
+
+def test_muon_takes_the_block_matrices_adamw_the_embedding_and_norms():
+    model = tiny_model(n_latent=2)
+    muon, decayed, plain = muon_split(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in decayed} == {"embed.weight"}  # the tied head too
+    assert all(p.dim() == 2 for p in muon) and all(p.dim() == 1 for p in plain)
+    assert len(muon) + len(decayed) + len(plain) == len(list(model.parameters()))
+    assert any(names[id(p)].endswith("kv_proj.weight") for p in muon)
+
+
+def test_one_step_of_the_pair_equals_its_parts_stepped_alone():
+    cfg = TrainConfig(optimizer="muon", lr=1e-2, muon_lr=0.05)
+    a, b = tiny_model(), tiny_model()
+    pair = make_muon(a, cfg, fused=False)  # no scheduler: the peak lrs
+    assert isinstance(pair, MuonAdamW) and len(optimizer_parts(pair)) == 2
+    muon_b = torch.optim.Muon(muon_split(b)[0], lr=0.05, momentum=0.95, weight_decay=0.0)
+    _, decayed, plain = muon_split(b)
+    adamw_b = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1},
+                                 {"params": plain, "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.95))
+    x = torch.randint(0, 64, (2, 9))
+    for model in (a, b):
+        model(x[:, :-1], x[:, 1:])[1].backward()
+    pair.step()
+    muon_b.step()
+    adamw_b.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    pair.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in a.parameters())
+
+
+def test_state_dict_round_trip_and_a_wrong_kind_is_refused():
+    cfg = TrainConfig(optimizer="muon")
+    model = tiny_model()
+    opt, sched = make_optimizer(model, cfg, fused=False)
+    x = torch.randint(0, 64, (2, 9))
+    model(x[:, :-1], x[:, 1:])[1].backward()
+    opt.step()
+    sched.step()
+    saved = opt.state_dict()
+    fresh, _ = make_optimizer(model, cfg, fused=False)
+    fresh.load_state_dict(saved)
+    for part, other in zip(optimizer_parts(fresh), optimizer_parts(opt)):
+        for p in part.state:
+            for key, value in part.state[p].items():
+                assert torch.equal(value, other.state[p][key])
+    adamw, _ = make_optimizer(model, TrainConfig(), fused=False)
+    with pytest.raises(ValueError, match="not a Muon \\+ AdamW state"):
+        fresh.load_state_dict(adamw.state_dict())
+
+
+def test_another_optimisers_schedule_keeps_its_own_peaks():
+    cfg = TrainConfig(optimizer="muon", steps=10, warmup_steps=2, lr=1e-2, muon_lr=0.05)
+    model = tiny_model()
+    _, adamw_sched = make_optimizer(model, TrainConfig(steps=10, warmup_steps=2, lr=1e-2), False)
+    for _ in range(5):
+        adamw_sched.optimizer.step()
+        adamw_sched.step()
+    opt, sched = make_optimizer(model, cfg, fused=False)
+    restore_schedule(sched, adamw_sched.state_dict(), same_optimizer=False)
+    assert sched.last_epoch == 5
+    factor = adamw_sched.optimizer.param_groups[0]["lr"] / 1e-2
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * factor)
+    assert opt.param_groups[-1]["lr"] == pytest.approx(1e-2 * factor)
+
+
+def test_fp8_converts_the_block_linears_not_the_head():
+    model = tiny_model()
+    assert not fp8_filter(model.lm_head, "lm_head")
+    assert fp8_filter(model.blocks[0].mlp.gate_up, "blocks.0.mlp.gate_up")
+    assert not fp8_filter(nn.Linear(24, 32), "x")  # 24 is not a multiple of 16
+    assert not fp8_filter(model.blocks[0].mlp_norm, "blocks.0.mlp_norm")
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao is not installed: the swap itself is not checked")
+    names = convert_fp8(model, torch.device("cpu"), check_device=False)
+    # per block: the mixer's qkv and out_proj, the MLP's gate_up and out_proj
+    assert "lm_head" not in names and len(names) == 2 * 4
+    kinds = {type(m).__name__ for n, m in model.named_modules() if n in names}
+    assert kinds == {"Float8Linear"} and type(model.lm_head) is nn.Linear
+    # the weights keep their names: checkpoints of either kind load into the other
+    assert set(model.state_dict()) == set(tiny_model().state_dict())
+
+
+def test_fp8_needs_a_recent_gpu():
+    assert "CUDA GPU" in fp8_ready(torch.device("cpu"))
+    with pytest.raises(ParamsError, match=r"^train.opt.fp8: needs a CUDA GPU"):
+        convert_fp8(tiny_model(), torch.device("cpu"))
+
+
+def test_time_to_target_takes_the_first_evaluation_at_or_below_it():
+    history = [{"split": "train", "step": 1, "loss": 1.0},
+               {"split": "val", "step": 2, "loss": 3.0, "train_seconds": 1.5, "tokens": 20},
+               {"split": "val", "step": 4, "loss": 2.0, "train_seconds": 3.0, "tokens": 40},
+               {"split": "val", "step": 6, "loss": 1.0, "train_seconds": 4.5, "tokens": 60}]
+    assert time_to_target(history, None) == {}
+    assert time_to_target(history, 2.0) == {"target_loss": 2.0, "time_to_target_s": 3.0,
+                                            "tokens_to_target": 40, "steps_to_target": 4}
+    assert time_to_target(history, 0.5)["time_to_target_s"] is None
+
+
+def test_make_muon_refuses_a_model_without_matrices():
+    class Norms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(4, 8)
+            self.gain = nn.Parameter(torch.ones(8))
+
+    with pytest.raises(ParamsError, match="no 2-D weight"):
+        make_muon(Norms(), TrainConfig(optimizer="muon"), fused=False)
