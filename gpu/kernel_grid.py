@@ -1,26 +1,34 @@
-"""Our chunked kernels against fla over a grid of shapes, on one GPU, in one call of under 9 minutes.
+"""Our chunked kernels against fla over issue 18's whole shape grid, on one GPU.
 
-    python3 gpu/kernel_grid.py --out DIR [--budget-s 420] [--commit HASH] [--only delta_rule,...]
-    python3 gpu/kernel_grid.py --smoke          # a CPU dry run of the bookkeeping (no timings)
+    python3 gpu/kernel_grid.py --part 1/2 --out DIR [--budget-s 500] [--commit HASH]   # delta rules
+    python3 gpu/kernel_grid.py --part 2/2 --out DIR [--budget-s 500] [--commit HASH]   # RWKV-7, decode
+    python3 gpu/kernel_grid.py --tiny                  # a CPU dry run of the bookkeeping (no timings)
 
-What it measures (bf16 inputs as a layer feeds them, `ltm.bench.kernels.make_inputs`):
-- grid: the delta rule, plain and gated, at the (B, T, H, D) of `GRID` (B x T from 8k to 64k
-  tokens, T from 512 to 32k, one sequence of 32k among them, H 4..32, D 64 and 128), and RWKV-7 at
-  `RWKV7_GRID`: ours and fla, forward and forward+backward. Each (op, shape) is called once
-  untimed first (our compilation, fla's autotuning: its seconds are recorded as `first_s`), then
-  timed as the median of `triton.testing.do_bench`. Every row has the floor of
-  `ltm.bench.kernels.floor_counts` (bytes over the measured copy bandwidth, FLOPs over the
-  measured bf16 matmul rate, the larger) and its ratio to it; x_fla = fla ms / our ms (above 1:
-  we are faster).
-- few-heads variants: the shapes where the sequential kernels leave SMs idle
-  (`ltm.kernels.delta_rule.chunk._sequential_value_block`), once more with 16-wide value blocks,
-  in a child process (a kernel that faults takes its CUDA context with it), with the output's
-  difference from the default launch.
-- decode: the one-token step kernels of both ops at batch 1..64 against the torch step
-  (`ltm.ops.*.step`), with the floor of reading and writing the float32 state once.
+Part 1/2: the delta rule, plain and gated, at every (B, T, H, D) of `ltm.bench.kernels.GRID_SHAPES`
+(B x T 8k-64k tokens, T 512-32k with single sequences of 8k-32k, H 4..32, D 64 and 128), each shape
+for both ops in turn (they share our kernels and so our tuning). Part 2/2: RWKV-7 on the same grid,
+then the one-token step kernels of both ops at batch 1..64 against the torch step
+(`ltm.ops.*.step`), with the floor of reading and writing the float32 state once. `--part all`
+runs both in one process (over 10 minutes on an H100 with the tuning of both projects; see below).
 
-The JSON is rewritten after every row, so a run cut at its limit keeps what it measured; the
-table is printed last. Shapes are taken in `GRID` order and skipped once `--budget-s` is spent.
+Each (op, shape): ours (launch configurations tuned per shape class by `ltm.kernels.tuning`; the
+first call, timed as `first_s`, compiles and tunes), ours with every kernel on its default
+configuration (`default_*`: what the tuning bought), and fla (its first call autotunes), each
+forward and forward+backward, as the median of `triton.testing.do_bench` after one untimed call;
+the floor of `ltm.bench.kernels.floor_counts` (bytes over the measured copy bandwidth, FLOPs over
+the measured bf16 matmul rate, the larger) and the ratios to it; x_fla = fla ms / our ms (above 1:
+we are faster); the errors of o and of every gradient against fla; the configuration each of our
+kernels took for the shape's class.
+
+Shapes go most informative first (`ORDER`: the issue's three, then single long sequences, where
+B H is smallest, then the rest), and a shape is skipped once `--budget-s` is spent; the JSON is
+rewritten after every row, so a run cut at its limit keeps what it measured. The table, the
+geometric mean and the worst x_fla per op and pass are printed last.
+
+Time on one H100 (estimate, fresh machine, empty Triton cache): fla's autotuning ~60-100 s per
+part (62 s and 32 s for its first delta-rule backward at D = 128 and 64 on 2026-11-23), our
+compilation of every configuration on the lists (~20 per head size and integer specialization
+of H, some seconds each) and their timing (~1 s per class), ~2 s of measurement per (op, shape).
 """
 from __future__ import annotations
 
@@ -28,13 +36,12 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-# --smoke runs the kernels in Triton's interpreter, which must be chosen before they are defined
-if "--smoke" in sys.argv:
+# --tiny runs the kernels in Triton's interpreter, which must be chosen before they are defined
+if "--tiny" in sys.argv or "--smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
@@ -42,16 +49,23 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernels import (GRID_SHAPES, RWKV7_GRID_SHAPES, floor_counts, make_inputs,  # noqa: E402
-                               measure_ceilings)
+from ltm.bench.kernels import GRID_SHAPES, floor_counts, make_inputs, measure_ceilings  # noqa: E402
+from ltm.kernels import tuning  # noqa: E402
 
-# (B, T, H, D): ltm.bench.kernels' grid (tokens B x T 8k-64k, T 512-32k, H 4..32, D 64, 128)
-GRID = [tuple(s) for s in GRID_SHAPES]
-RWKV7_GRID = [tuple(s) for s in RWKV7_GRID_SHAPES]
+# the grid's shapes, most informative first: the issue's three (measured before), single long
+# sequences (fewest programs in the sequential kernels), the 64k-token shapes, then the rest
+FIRST = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (1, 32768, 4, 128),
+         (1, 32768, 16, 64), (1, 8192, 4, 128), (1, 16384, 8, 64), (2, 32768, 8, 128),
+         (8, 8192, 32, 64)]
+ORDER = FIRST + [tuple(s) for s in GRID_SHAPES if tuple(s) not in FIRST]
+PARTS = {"1/2": ("delta_rule", "gated_delta_rule"), "2/2": ("rwkv7", "decode"),
+         "all": ("delta_rule", "gated_delta_rule", "rwkv7", "decode")}
 DECODE_BATCHES = (1, 4, 16, 64)
 DECODE_HEADS = ((16, 64), (8, 128))
 WARMUP_MS, REP_MS = 10, 60
-# cuda, or cpu for --smoke (tiny shapes through Triton's interpreter: the bookkeeping, not timings)
+# what the decode steps are given at the end of a part
+DECODE_S = 45
+# cuda, or cpu for --tiny (tiny shapes through Triton's interpreter: the bookkeeping, not timings)
 DEVICE = torch.device("cuda")
 
 
@@ -71,11 +85,6 @@ def bench(fn, warmup: int, rep: int, grads=None) -> float:
 def sync() -> None:
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
-
-
-def tokens_ok(shape) -> bool:
-    B, T, H, D = shape
-    return 8192 <= B * T <= 65536 and 512 <= T <= 32768
 
 
 def ours(op: str):
@@ -101,76 +110,87 @@ def fla(op: str):
 
 
 def time_pass(fn, x: dict, backward: bool) -> dict:
-    """first_s (the untimed first call: compilation, autotuning) and the median ms of one pass."""
+    """first_s (the untimed first call: compilation, tuning) and the median ms of one pass."""
     grads = [t for t in x.values() if t.requires_grad]
-    if backward:
-        do = torch.randn_like(fn(x))
-        step = lambda: fn(x).backward(do)
-    else:
-        step = lambda: fn(x)
-    sync()
-    t0 = time.perf_counter()
     with torch.enable_grad() if backward else torch.no_grad():
-        step()
+        sync()
+        t0 = time.perf_counter()
+        out = fn(x)
+        if backward:
+            do = torch.randn_like(out)
+            out.backward(do)
+            step = lambda: fn(x).backward(do)
+        else:
+            step = lambda: fn(x)
         sync()
         first = time.perf_counter() - t0
         ms = bench(step, WARMUP_MS, REP_MS, grads)
     return {"first_s": first, "ms": ms}
 
 
-def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
-    nbytes, flops = floor_counts(op, *shape, 2, backward)
-    return 1e3 * max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["matmul_flops_per_s"])
+def measure(fn, x: dict, key: str, row: dict) -> None:
+    """row[key_fwd], row[key_fb] (ms) and their first calls' seconds; errors as strings."""
+    for backward in (False, True):
+        name = f"{key}_{'fb' if backward else 'fwd'}"
+        try:
+            t = time_pass(fn, x, backward)
+            row[name], row[f"{name}_first_s"] = t["ms"], t["first_s"]
+        except Exception as err:  # fla refuses its gated backward on Hopper with Triton < 3.7.1
+            row[f"{name}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
-def grid_rows(ops, ceilings, deadline, emit):
-    device = DEVICE
-    for op in ops:
-        shapes = RWKV7_GRID if op == "rwkv7" else GRID
-        impls = {"ours": ours(op), "fla": fla(op)}
-        for shape in shapes:
+def grid_row(op: str, shape: tuple, ceilings: dict, with_default: bool) -> dict:
+    torch.manual_seed(0)
+    x = make_inputs(op, *shape, torch.bfloat16, DEVICE)
+    row = {"section": "grid", "op": op, "shape": list(shape)}
+    impls = {"ours": ours(op), "fla": fla(op)}
+    before = {(r["kernel"], tuple(r["class"])) for r in tuning.chosen()}
+    measure(impls["ours"], x, "ours", row)
+    row["ours_configs"] = {r["kernel"]: r["best"] for r in tuning.chosen()
+                           if (r["kernel"], tuple(r["class"])) not in before}
+    if with_default:
+        tuning.AUTOTUNE, autotune = False, tuning.AUTOTUNE
+        try:
+            measure(impls["ours"], x, "default", row)
+        finally:
+            tuning.AUTOTUNE = autotune
+    if impls["fla"] is None:
+        row["fla_error"] = "not installed"
+    else:
+        measure(impls["fla"], x, "fla", row)
+    for p in ("fwd", "fb"):
+        row[f"floor_{p}"] = floor_ms(op, shape, p == "fb", ceilings)
+        if row.get(f"ours_{p}"):
+            row[f"x_floor_{p}"] = row[f"ours_{p}"] / row[f"floor_{p}"]
+            if row.get(f"fla_{p}"):
+                row[f"x_fla_{p}"] = row[f"fla_{p}"] / row[f"ours_{p}"]
+            if row.get(f"default_{p}"):
+                row[f"tuned_gain_{p}"] = row[f"default_{p}"] / row[f"ours_{p}"]
+    if row.get("ours_fwd") and row.get("fla_fwd"):
+        with torch.no_grad():
+            o, o_fla = impls["ours"](x).float(), impls["fla"](x).float()
+        row["rel_o_vs_fla"] = ((o - o_fla).norm() / o_fla.norm()).item()
+        if row.get("fla_fb"):
+            row["rel_grad_vs_fla"] = grad_errors(impls, x)
+    del x
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def grid_rows(ops, shapes, ceilings, deadline, emit, with_default: bool) -> None:
+    """Shapes outer, ops inner: the plain and gated delta rule share a shape's tuning."""
+    for shape in shapes:
+        for op in ops:
             if time.time() > deadline:
                 emit({"section": "grid", "op": op, "shape": list(shape), "skipped": "budget spent"})
                 continue
-            torch.manual_seed(0)
-            x = make_inputs(op, *shape, torch.bfloat16, device)
-            row = {"section": "grid", "op": op, "shape": list(shape)}
-            outs = {}
-            for name, fn in impls.items():
-                if fn is None:
-                    row[f"{name}_error"] = "not installed"
-                    continue
-                for backward in (False, True):
-                    key = f"{name}_{'fb' if backward else 'fwd'}"
-                    try:
-                        first = None
-                        if not backward:
-                            # the first call: our compilation, fla's forward autotuning
-                            sync()
-                            t0 = time.perf_counter()
-                            with torch.no_grad():
-                                outs[name] = fn(x).float()
-                            sync()
-                            first = time.perf_counter() - t0
-                        t = time_pass(fn, x, backward)
-                        row[key], row[f"{key}_first_s"] = t["ms"], first or t["first_s"]
-                    except Exception as err:  # fla refuses its gated backward on Triton < 3.7.1
-                        row[f"{key}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
-            for backward in (False, True):
-                p = "fb" if backward else "fwd"
-                row[f"floor_{p}"] = floor_ms(op, shape, backward, ceilings)
-                if row.get(f"ours_{p}"):
-                    row[f"x_floor_{p}"] = row[f"ours_{p}"] / row[f"floor_{p}"]
-                    if row.get(f"fla_{p}"):
-                        row[f"x_fla_{p}"] = row[f"fla_{p}"] / row[f"ours_{p}"]
-            if "ours" in outs and "fla" in outs:
-                row["rel_o_vs_fla"] = ((outs["ours"] - outs["fla"]).norm() / outs["fla"].norm()).item()
-                if "fla_fb" in row:
-                    row["rel_grad_vs_fla"] = grad_errors(impls, x)
-            emit(row)
-            del x, outs
-            if DEVICE.type == "cuda":
-                torch.cuda.empty_cache()
+            emit(grid_row(op, shape, ceilings, with_default))
+
+
+def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
+    nbytes, flops = floor_counts(op, *shape, 2, backward)
+    return 1e3 * max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["matmul_flops_per_s"])
 
 
 def grad_errors(impls: dict, x: dict) -> dict:
@@ -190,69 +210,6 @@ def grad_errors(impls: dict, x: dict) -> dict:
         t.grad = None
     return {n: ((grads["ours"][n] - grads["fla"][n]).norm() / grads["fla"][n].norm()).item()
             for n in leaves}
-
-
-def few_heads_shapes() -> list:
-    from ltm.kernels.delta_rule import chunk
-    sms = chunk._sm_count(DEVICE)
-    return [s for s in GRID if s[0] * s[2] * triton.cdiv(s[3], chunk._value_block(s[3], s[3])) < sms]
-
-
-def variant_child(shapes: list, narrow: int, path: Path) -> None:
-    """In a child process: ours with NARROW_VALUE_BLOCK = narrow at `shapes`, timed and compared
-    with the default launch (same process, same inputs)."""
-    from ltm.kernels.delta_rule import chunk
-    rows = []
-    for op in ("delta_rule", "gated_delta_rule"):
-        fn = ours(op)
-        for shape in shapes:
-            torch.manual_seed(0)
-            x = make_inputs(op, *shape, torch.bfloat16, DEVICE)
-            chunk.NARROW_VALUE_BLOCK = None
-            with torch.no_grad():
-                ref = fn(x).float()
-            chunk.NARROW_VALUE_BLOCK = narrow
-            row = {"section": "few_heads", "op": op, "shape": list(shape), "narrow_value_block": narrow}
-            try:
-                with torch.no_grad():
-                    out = fn(x).float()
-                row["rel_o_vs_default"] = ((out - ref).norm() / ref.norm()).item()
-                for backward in (False, True):
-                    row[f"ours_{'fb' if backward else 'fwd'}"] = time_pass(fn, x, backward)["ms"]
-            except Exception as err:
-                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
-            rows.append(row)
-            path.write_text(json.dumps(rows))
-            print(json.dumps(row), flush=True)
-
-
-def few_heads_rows(deadline, emit, grid: list) -> None:
-    shapes = few_heads_shapes()
-    if not shapes or time.time() > deadline:
-        emit({"section": "few_heads", "skipped": "budget spent" if shapes else "no shape in the class"})
-        return
-    path = Path("/tmp/ltm-few-heads.json")
-    path.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--child-narrow", "16", "--child-device", DEVICE.type, "--child-shapes",
-           ";".join(",".join(map(str, s)) for s in shapes), "--child-out", str(path)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=max(30, deadline - time.time() + 60))
-        status = f"exit {done.returncode}" + (f": {done.stderr.strip().splitlines()[-1][:200]}"
-                                               if done.returncode and done.stderr.strip() else "")
-    except subprocess.TimeoutExpired:
-        status = "cut at the budget"
-    rows = json.loads(path.read_text()) if path.exists() else []
-    default = {(r["op"], tuple(r["shape"])): r for r in grid if r.get("section") == "grid"}
-    for row in rows:
-        base = default.get((row["op"], tuple(row["shape"])), {})
-        for p in ("fwd", "fb"):
-            if row.get(f"ours_{p}") and base.get(f"ours_{p}"):
-                row[f"speedup_{p}"] = base[f"ours_{p}"] / row[f"ours_{p}"]
-            if row.get(f"ours_{p}") and base.get(f"fla_{p}"):
-                row[f"x_fla_{p}"] = base[f"fla_{p}"] / row[f"ours_{p}"]
-        emit(row)
-    emit({"section": "few_heads", "child": status, "shapes": [list(s) for s in shapes]})
 
 
 def decode_rows(ceilings, deadline, emit) -> None:
@@ -319,26 +276,40 @@ def bench_rows(rows: list) -> list:
 
 def record(env: dict, ceilings: dict, rows: list, elapsed: float) -> dict:
     """The JSON written: the environment, "rows" in ltm.bench.kernels' format, the grid rows as
-    measured (with errors against fla), the few-heads variants and the decode steps."""
+    measured (with errors against fla and our tuned configurations), the decode steps, and every
+    tuned class with the timing of each configuration (`ltm.kernels.tuning.chosen`)."""
     return {**env, "ceilings": ceilings, "elapsed_s": elapsed, "summary": summary(rows),
             "rows": bench_rows(rows),
             "grid": [r for r in rows if r.get("section") == "grid"],
-            "few_heads": [r for r in rows if r.get("section") == "few_heads"],
-            "decode": [r for r in rows if r.get("section") == "decode"]}
+            "decode": [r for r in rows if r.get("section") == "decode"],
+            "tuning": tuning.chosen()}
+
+
+def geomean(values: list) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def summary(rows: list) -> dict:
-    """Worst and geometric mean of x_fla per op and pass over the grid rows that have both."""
+    """Per op and pass over the grid rows that have them: geometric mean and worst x_fla (with its
+    shape), the worst ratio to the floor, and the geometric mean of what tuning bought."""
     out = {}
-    for op in sorted({r["op"] for r in rows if r.get("section") == "grid" and "op" in r}):
+    grid = [r for r in rows if r.get("section") == "grid" and "skipped" not in r]
+    for op in sorted({r["op"] for r in grid}):
         for p in ("fwd", "fb"):
-            pairs = [(r[f"x_fla_{p}"], r["shape"]) for r in rows
-                     if r.get("section") == "grid" and r.get("op") == op and r.get(f"x_fla_{p}")]
+            mine = [r for r in grid if r["op"] == op]
+            pairs = [(r[f"x_fla_{p}"], r["shape"]) for r in mine if r.get(f"x_fla_{p}")]
+            entry = {"n": len(pairs)}
             if pairs:
                 worst = min(pairs)
-                out[f"{op}_{p}"] = {"n": len(pairs), "geomean_x_fla": math.exp(
-                    sum(math.log(v) for v, _ in pairs) / len(pairs)), "worst_x_fla": worst[0],
-                    "worst_shape": worst[1]}
+                entry.update(geomean_x_fla=geomean([v for v, _ in pairs]), worst_x_fla=worst[0],
+                             worst_shape=worst[1])
+            floors = [(r[f"x_floor_{p}"], r["shape"]) for r in mine if r.get(f"x_floor_{p}")]
+            if floors:
+                entry["worst_x_floor"], entry["worst_floor_shape"] = max(floors)
+            gains = [r[f"tuned_gain_{p}"] for r in mine if r.get(f"tuned_gain_{p}")]
+            if gains:
+                entry["geomean_tuned_gain"], entry["min_tuned_gain"] = geomean(gains), min(gains)
+            out[f"{op}_{p}"] = entry
     return out
 
 
@@ -348,21 +319,19 @@ def fmt(v, spec=".3f"):
 
 def table(rows: list) -> str:
     lines = [f"{'op':17} {'B,T,H,D':16} {'ours fwd':>9} {'fla fwd':>8} {'x_fla':>6} {'ours fb':>8} "
-             f"{'fla fb':>8} {'x_fla':>6} {'x_floor fb':>10}"]
+             f"{'fla fb':>8} {'x_fla':>6} {'x_floor f/fb':>12} {'tuned gain':>10}"]
     for r in rows:
         if r.get("section") != "grid" or "skipped" in r:
             continue
         lines.append(f"{r['op']:17} {','.join(map(str, r['shape'])):16} {fmt(r.get('ours_fwd')):>9} "
                      f"{fmt(r.get('fla_fwd')):>8} {fmt(r.get('x_fla_fwd'), '.2f'):>6} "
                      f"{fmt(r.get('ours_fb')):>8} {fmt(r.get('fla_fb')):>8} "
-                     f"{fmt(r.get('x_fla_fb'), '.2f'):>6} {fmt(r.get('x_floor_fb'), '.1f'):>10}")
-    few = [r for r in rows if r.get("section") == "few_heads" and "op" in r]
-    if few:
-        lines.append("few heads, 16-wide value blocks (speedup over the default launch):")
-        for r in few:
-            lines.append(f"  {r['op']:17} {','.join(map(str, r['shape'])):16} fwd {fmt(r.get('speedup_fwd'), '.2f')} "
-                         f"fb {fmt(r.get('speedup_fb'), '.2f')} x_fla fb {fmt(r.get('x_fla_fb'), '.2f')} "
-                         f"rel {fmt(r.get('rel_o_vs_default'), '.1e')} {r.get('error', '')}")
+                     f"{fmt(r.get('x_fla_fb'), '.2f'):>6} "
+                     f"{fmt(r.get('x_floor_fwd'), '.1f') + '/' + fmt(r.get('x_floor_fb'), '.1f'):>12} "
+                     f"{fmt(r.get('tuned_gain_fb'), '.2f'):>10}")
+    skipped = [r for r in rows if r.get("section") == "grid" and "skipped" in r]
+    if skipped:
+        lines.append(f"skipped (budget): {len(skipped)} (op, shape) pairs")
     dec = [r for r in rows if r.get("section") == "decode" and "op" in r]
     if dec:
         lines.append("decode step (ms): triton / torch, floor")
@@ -371,8 +340,11 @@ def table(rows: list) -> str:
                          f"{fmt(r.get('triton_ms'), '.4f')} / {fmt(r.get('torch_ms'), '.4f')} "
                          f"x{fmt(r.get('speedup'), '.1f')} floor {fmt(r.get('floor_ms'), '.4f')}")
     for key, s in summary(rows).items():
-        lines.append(f"{key}: {s['n']} shapes, geomean x_fla {s['geomean_x_fla']:.2f}, worst "
-                     f"{s['worst_x_fla']:.2f} at {','.join(map(str, s['worst_shape']))}")
+        if s["n"]:
+            lines.append(f"{key}: {s['n']} shapes, geomean x_fla {s['geomean_x_fla']:.2f}, worst "
+                         f"{s['worst_x_fla']:.2f} at {','.join(map(str, s['worst_shape']))}; worst "
+                         f"x_floor {fmt(s.get('worst_x_floor'), '.1f')}; tuned gain geomean "
+                         f"{fmt(s.get('geomean_tuned_gain'), '.2f')} (min {fmt(s.get('min_tuned_gain'), '.2f')})")
     return "\n".join(lines)
 
 
@@ -392,32 +364,32 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
     parser.add_argument("--name", default="kernel-grid")
-    parser.add_argument("--budget-s", type=float, default=420.0)
+    parser.add_argument("--part", default="1/2", choices=sorted(PARTS))
+    parser.add_argument("--budget-s", type=float, default=500.0,
+                        help="no new shape after this many seconds (decode keeps its own end slot)")
     parser.add_argument("--commit", default=os.environ.get("LTM_COMMIT"))
-    parser.add_argument("--only", default="delta_rule,gated_delta_rule,rwkv7,few_heads,decode")
-    parser.add_argument("--smoke", action="store_true", help="check the grid and the table on a CPU")
-    parser.add_argument("--child-narrow", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--child-shapes", help=argparse.SUPPRESS)
-    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--child-device", default="cuda", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="a comma list out of the part's ops (delta_rule, "
+                                       "gated_delta_rule, rwkv7, decode)")
+    parser.add_argument("--no-default", action="store_true",
+                        help="skip the timing of our default configurations")
+    parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
+                        help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     args = parser.parse_args(argv)
-    global DEVICE, GRID, RWKV7_GRID, DECODE_BATCHES, DECODE_HEADS
-    DEVICE = torch.device("cpu" if args.smoke else args.child_device)
-    if args.child_narrow:
-        shapes = [tuple(int(n) for n in s.split(",")) for s in args.child_shapes.split(";")]
-        variant_child(shapes, args.child_narrow, args.child_out)
-        return
-    assert all(tokens_ok(s) for s in GRID + RWKV7_GRID), "a grid shape outside 8k-64k tokens or T 512-32k"
-    if args.smoke:
-        # tiny shapes in the interpreter: every section runs, the JSON and the table are written
-        GRID, RWKV7_GRID = [(1, 40, 2, 32)], [(1, 20, 1, 32)]
+    global DEVICE, ORDER, DECODE_BATCHES, DECODE_HEADS
+    assert all(8192 <= B * T <= 65536 and 512 <= T <= 32768 for B, T, _, _ in ORDER), \
+        "a grid shape outside 8k-64k tokens or T 512-32k"
+    assert sorted(ORDER) == sorted(tuple(s) for s in GRID_SHAPES), "ORDER must be the grid, reordered"
+    DEVICE = torch.device("cpu" if args.tiny else "cuda")
+    if args.tiny:
+        ORDER = [(1, 70, 2, 32), (2, 20, 1, 64)]
         DECODE_BATCHES, DECODE_HEADS = (1, 2), ((2, 32),)
+    ops = [op for op in PARTS[args.part] if not args.only or op in args.only.split(",")]
     start = time.time()
     deadline = start + args.budget_s
-    parts = args.only.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{args.name}.json"
-    env = environment(args.commit)
+    suffix = "" if args.part == "all" else "-part" + args.part.replace("/", "of")
+    path = args.out / f"{args.name}{suffix}.json"
+    env = {**environment(args.commit), "part": args.part, "ops": ops}
     print(json.dumps(env), flush=True)
     ceilings = measure_ceilings(DEVICE, 25, 100)
     print(json.dumps(ceilings), flush=True)
@@ -428,13 +400,10 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
         path.write_text(json.dumps(record(env, ceilings, rows, time.time() - start), indent=1))
 
-    ops = [op for op in ("delta_rule", "gated_delta_rule", "rwkv7") if op in parts]
-    # the grid gets the budget less what the few-heads variants and decode need (about 90 s)
-    grid_rows(ops, ceilings, deadline - 90 * ("few_heads" in parts or "decode" in parts), emit)
-    if "few_heads" in parts:
-        few_heads_rows(deadline - 30 * ("decode" in parts), emit, rows)
-    if "decode" in parts:
-        decode_rows(ceilings, deadline + 30, emit)
+    grid_ops = [op for op in ops if op != "decode"]
+    grid_rows(grid_ops, ORDER, ceilings, deadline - DECODE_S * ("decode" in ops), emit, not args.no_default)
+    if "decode" in ops:
+        decode_rows(ceilings, deadline, emit)
     emit({"section": "done", "elapsed_s": time.time() - start})
     print(table(rows))
     print(f"wrote {path}")

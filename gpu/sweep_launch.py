@@ -1,12 +1,14 @@
-"""Time of our Triton ops under other launch choices (value block, warps, pipeline stages), to
-pick the launchers' defaults from measurements.
+"""Time of our Triton ops under each launch configuration a kernel may take, one kernel at a time
+(the others on their defaults), to check the tuner's lists and to build a heuristic table from.
 
-    python3 gpu/sweep_launch.py [rwkv7] [delta_rule] [sequential] [bwd_chunk] [prep] [output] [bwd_local]
+    python3 gpu/sweep_launch.py [rwkv7_loop] [delta_rule] [rwkv7] [--shapes "B,T,H,D;..."]
 
-Each row replaces, for the duration of one measurement (triton.testing.do_bench median, bf16
-inputs as a layer feeds them): `rwkv7`, the token loop's `_value_block` and `_launch_options`;
-`delta_rule`, the delta rule's `_value_block`; `sequential`, `bwd_chunk`, `prep`, `output`,
-`bwd_local`, the launch options of those delta-rule kernels (`bwd_chunk` also its value block).
+`delta_rule` / `rwkv7`: every configuration on the list of every kernel of the chunked op
+(`ltm.kernels.delta_rule.chunk`, `ltm.kernels.rwkv7.chunk`: `*_configs` of the shape's class),
+forced through `ltm.kernels.tuning.FORCED`; the op's forward time for the forward kernels, its
+forward+backward for the backward ones (triton.testing.do_bench median, bf16 inputs as a layer
+feeds them, gated delta rule). `rwkv7_loop`: the RWKV-7 token loop's `_value_block` and
+`_launch_options` (`ltm.kernels.rwkv7.fused_recurrent`).
 """
 import itertools
 import sys
@@ -16,8 +18,10 @@ import torch
 import triton.testing
 
 from ltm.bench.kernels import make_inputs
-# the modules that make the launch choices: the chunked delta rule and the RWKV-7 token loop
-from ltm.kernels.delta_rule import chunk as delta_rule_module
+from ltm.kernels import tuning
+from ltm.kernels.common import dot_precision
+from ltm.kernels.delta_rule import chunk as delta_rule_chunk
+from ltm.kernels.rwkv7 import chunk as rwkv7_chunk
 from ltm.kernels.rwkv7 import fused_recurrent as rwkv7_module
 
 SHAPES = [(8, 2048, 8, 128), (16, 1024, 12, 64)]
@@ -32,8 +36,8 @@ def fwd_bwd_ms(fn, x) -> float:
     return triton.testing.do_bench(once, warmup=25, rep=150)
 
 
-def rwkv7_rows():
-    for shape, value_block, warps in itertools.product(SHAPES, (8, 16, 32), (2, 4, 8)):
+def rwkv7_loop_rows(shapes):
+    for shape, value_block, warps in itertools.product(shapes, (8, 16, 32), (2, 4, 8)):
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
             return rwkv7_module.triton_fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
@@ -42,86 +46,64 @@ def rwkv7_rows():
             yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
 
 
-def gated_delta_rule(x):
-    return delta_rule_module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+# the kernels of each chunked op: (tuner name, its list of configurations, timed pass)
+KERNELS = {
+    "delta_rule": [("delta_rule.prep", delta_rule_chunk._prep_configs, "fwd"),
+                   ("delta_rule.fwd", delta_rule_chunk._sequential_configs, "fwd"),
+                   ("delta_rule.output", delta_rule_chunk._parallel_configs, "fwd"),
+                   ("delta_rule.bwd_local", delta_rule_chunk._parallel_configs, "fb"),
+                   ("delta_rule.bwd_state", delta_rule_chunk._sequential_configs, "fb"),
+                   ("delta_rule.bwd_chunk", delta_rule_chunk._bwd_chunk_configs, "fb")],
+    "rwkv7": [("rwkv7.prep", rwkv7_chunk._parallel_configs, "fwd"),
+              ("rwkv7.fwd_state", rwkv7_chunk._sequential_configs, "fwd"),
+              ("rwkv7.output", rwkv7_chunk._output_configs, "fwd"),
+              ("rwkv7.bwd_state", rwkv7_chunk._sequential_configs, "fb")],
+}
 
 
-def delta_rule_rows():
-    # the value block of the kernels that split V (all but `_bwd_chunk`, which has its own);
-    # no 16-wide blocks here: with block pointers they crashed with an illegal memory access on
-    # Hopper (Triton 3.6), which ends the process; gpu/kernel_grid.py tries them, since the port to
-    # plain pointers, in a child process
-    for shape, value_block in itertools.product(SHAPES, (32, 64)):
-        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        with mock.patch.object(delta_rule_module, "_value_block", lambda K, V: min(value_block, V)):
-            try:
-                ms = fwd_bwd_ms(gated_delta_rule, x)
-            except Exception as err:  # e.g. out of shared memory for this choice
-                print(f"delta_rule {shape} BV={value_block}: {type(err).__name__}: {str(err)[:100]}",
-                      flush=True)
-                continue
-            yield "gated_delta_rule", shape, f"BV={value_block}", ms
+def op_fn(op: str):
+    if op == "rwkv7":
+        return lambda x: rwkv7_chunk.triton_chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
+    return lambda x: delta_rule_chunk.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
 
 
-def kernel_rows(name: str, option_function: str, shapes, choices, backward: bool):
-    """One delta-rule kernel's launch choices: `option_function` (and, for choices with "BV",
-    `_bwd_chunk_value_block`) replaced for one measurement each; forward time, and fwd+bwd when
-    `backward`."""
-    for shape, choice in itertools.product(shapes, choices):
-        if choice.get("BV", 0) > shape[3]:
-            continue
-        x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
-        options = {"num_warps": choice["warps"], "num_stages": choice["stages"]}
-        # the option functions take K and, some of them, the tile precision
-        patches = {option_function: lambda K, *precision: options}
-        if "BV" in choice:
-            patches["_bwd_chunk_value_block"] = lambda K, V: choice["BV"]
-        label = " ".join(f"{key}={value}" for key, value in choice.items())
-        with mock.patch.multiple(delta_rule_module, **patches):
-            try:
-                fwd = triton.testing.do_bench(lambda: gated_delta_rule(x), warmup=25, rep=100)
-                ms = fwd_bwd_ms(gated_delta_rule, x) if backward else fwd
-            except Exception as err:
-                print(f"{name} {shape} {label}: {type(err).__name__}: {str(err)[:100]}", flush=True)
-                continue
-        if backward:
-            label += f" fwd={fwd:.3f}"
-        yield f"{name} ({'fwd+bwd' if backward else 'fwd'})", shape, label, ms
+def chunked_rows(op: str, shapes):
+    """Every configuration of every kernel of `op`, one at a time, the rest on their defaults."""
+    module = rwkv7_chunk if op == "rwkv7" else delta_rule_chunk
+    fn = op_fn(op)
+    for shape in shapes:
+        B, T, H, D = shape
+        x = make_inputs("rwkv7" if op == "rwkv7" else "gated_delta_rule", *shape, torch.bfloat16,
+                        torch.device("cuda"))
+        cls = module._shape_class(B, T, H, D, D, dot_precision(torch.bfloat16, D), torch.device("cuda"))
+        for name, configs, pass_ in KERNELS[op]:
+            for cfg in configs(cls):
+                choice = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+                label = " ".join(f"{key}={value}" for key, value in choice.items())
+                with mock.patch.object(tuning, "AUTOTUNE", False), \
+                        mock.patch.dict(tuning.FORCED, {name: choice}):
+                    try:
+                        ms = (fwd_bwd_ms(fn, x) if pass_ == "fb"
+                              else triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100))
+                    except Exception as err:  # e.g. out of shared memory for this choice
+                        print(f"{name} {shape} {label}: {type(err).__name__}: {str(err)[:100]}", flush=True)
+                        continue
+                yield f"{name} ({pass_})", shape, label, ms
 
 
-def launch(warps_stages) -> list[dict]:
-    return [{"warps": w, "stages": s} for w, s in warps_stages]
-
-
-# two shapes per head size; the sequential kernels also at batch 2, T = 8192, where they dominate
-SHAPES_K128_K64 = [(8, 2048, 8, 128), (8, 2048, 12, 64)]
-SEQUENTIAL_SHAPES = [(8, 2048, 8, 128), (2, 8192, 8, 128), (8, 2048, 16, 64), (8, 2048, 12, 64)]
-PER_KERNEL = launch([(8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2)])
-# no 16 warps in `_bwd_chunk`: they crashed at K = 64 with an illegal memory access, which ends
-# the process
-BWD_CHUNK = [{"BV": bv, "warps": w, "stages": s}
-             for bv, w, s in [(32, 8, 2), (64, 8, 2), (64, 8, 1), (64, 4, 2), (128, 8, 1)]]
-
-
-def main() -> None:
-    ops = sys.argv[1:] or ["rwkv7", "delta_rule"]
+def main(argv: list[str]) -> None:
+    shapes = SHAPES
+    if "--shapes" in argv:
+        i = argv.index("--shapes")
+        shapes = [tuple(int(n) for n in s.split(",")) for s in argv[i + 1].split(";")]
+        argv = argv[:i] + argv[i + 2:]
+    ops = argv or ["delta_rule", "rwkv7"]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     for op in ops:
-        rows = {"rwkv7": rwkv7_rows, "delta_rule": delta_rule_rows,
-                "sequential": lambda: kernel_rows(
-                    "sequential", "_sequential_launch_options", SEQUENTIAL_SHAPES,
-                    launch([(8, 1), (8, 2), (8, 3), (4, 2), (4, 3)]), True),
-                "bwd_chunk": lambda: kernel_rows(
-                    "bwd_chunk", "_bwd_chunk_launch_options", SHAPES_K128_K64, BWD_CHUNK, True),
-                "prep": lambda: kernel_rows(
-                    "prep", "_prep_launch_options", SHAPES_K128_K64, PER_KERNEL, False),
-                "output": lambda: kernel_rows(
-                    "output", "_output_launch_options", SHAPES_K128_K64, PER_KERNEL, False),
-                "bwd_local": lambda: kernel_rows(
-                    "bwd_local", "_bwd_local_launch_options", SHAPES_K128_K64, PER_KERNEL, True)}[op]()
+        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes)
         for name, shape, choice, ms in rows:
-            print(f"{name:19} {','.join(map(str, shape)):15} {choice:36} {ms:8.3f} ms", flush=True)
+            print(f"{name:26} {','.join(map(str, shape)):15} {choice:40} {ms:8.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,7 +1,10 @@
 """Chunked (gated) delta rule in Triton: the launchers, the autograd Function and the public op
 `triton_chunk_delta_rule`. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`; everything a
 launch chooses (chunk, value blocks, warps, stages, tile precision) is decided here, in one module,
-so that gpu/sweep_launch.py and gpu/delta_rule_variants.py can patch it in one place.
+so that gpu/sweep_launch.py and gpu/delta_rule_variants.py can patch it in one place. Each kernel
+has a short list of launch configurations, measured default first, per shape class
+(`_shape_class`); on a GPU `ltm.kernels.tuning` times the list once per class and keeps the
+fastest, under Triton's interpreter it runs the default.
 
 Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the state entering it:
     A    = strict_lower(beta_i k_i.k_j exp(G_i - G_j)),  L = I + A
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ltm.kernels import tuning
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot_precision, intermediate_dtype, nan_buffer)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
@@ -34,15 +38,8 @@ INVERSE_BY_SQUARING = True
 
 
 # Streaming multiprocessors of the GPU the shape classes below were written for (H100 SXM: 132,
-# H200: 132); `_sequential_value_block` asks for the device's own count when there is one.
+# H200: 132); `_sm_count` asks for the device's own count when there is one.
 DEFAULT_SM_COUNT = 132
-# Value-block width of the sequential kernels when B H cdiv(V, 32) programs would leave SMs idle,
-# or None to keep 32 everywhere. 16-wide blocks crashed with block pointers (Triton 3.6) and run
-# since the port to plain pointers (all 12 few-heads variants of gpu/kernel_grid.py on an H100,
-# output identical), but gave no gain where the class was meant to help: 2,8192,8,128 (64
-# programs on 132 SMs) 0.456 -> 0.456 ms forward, 2.327 -> 2.332 ms fwd+bwd (gpu/README.md,
-# 2026-11-23). So None, until a shape of the class shows a gain.
-NARROW_VALUE_BLOCK: int | None = None
 
 
 def _sm_count(device: torch.device | None) -> int:
@@ -51,104 +48,118 @@ def _sm_count(device: torch.device | None) -> int:
     return DEFAULT_SM_COUNT
 
 
-def _value_block(K: int, V: int) -> int:
-    # narrow value blocks: more programs in the sequential kernels, and the (BK, BV) state plus
-    # the (BT, BK) tiles still (mostly) fit in registers. 32 even for V <= 16 (masked): 16-wide
-    # blocks crashed with an illegal memory access on an H100 and an H200 with block pointers
-    # (Triton 3.6); they run since the port, but were no faster (NARROW_VALUE_BLOCK)
-    return 32
+def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
+                 device: torch.device | None) -> tuple:
+    """What the launch choices depend on: head sizes, tile precision, chunks per sequence (the
+    sequential kernels' steps) and B H (their programs per value block), the last two rounded up
+    to powers of two, and the SM count. One tuning per class and dtype (`ltm.kernels.tuning`)."""
+    return (K, V, precision, tuning.bucket(triton.cdiv(T, CHUNK), 1024), tuning.bucket(B * H, 1024),
+            _sm_count(device))
 
 
-def _sequential_value_block(B: int, H: int, K: int, V: int, device: torch.device | None = None) -> int:
-    """Value-block width of the sequential kernels (`_fwd_kernel`, `_bwd_state_kernel`) and of the
-    chunk-parallel kernels that share their grid (`_output_kernel`, `_bwd_local_kernel`).
-
-    Shape classes: the sequential kernels run B H cdiv(V, BV) programs, each walking all T / 64
-    chunks, so their time is T / 64 chunk steps whatever B H is, as long as the programs fit the
-    SMs at once. With 32-wide blocks, B H = 16 and V = 128 make 64 programs on 132 SMs: half the
-    GPU idles through the longest kernel of the op (the (2, 8192, 8, 128) shape: 0.91x of fla's
-    fwd+bwd in the issue, 1.15x in the grid call of 2026-11-23). There, and only there, narrower
-    blocks double the programs at the price of reading the (64, K) key tiles twice as often;
-    measured, that bought nothing, so NARROW_VALUE_BLOCK is None."""
-    BV = _value_block(K, V)
-    if NARROW_VALUE_BLOCK and B * H * triton.cdiv(V, BV) < _sm_count(device):
-        return min(BV, NARROW_VALUE_BLOCK)
-    return BV
+def _programs_32(shape_class: tuple) -> int:
+    # programs of a sequential kernel on 32-wide value blocks in this class
+    K, V, _, _, BH, _ = shape_class
+    return BH * triton.cdiv(V, 32)
 
 
-def _prep_launch_options(K: int) -> dict:
+def _sequential_configs(shape_class: tuple) -> list:
+    """`_fwd_kernel` and `_bwd_state_kernel`: they walk the chunks one after another carrying only
+    the (BK, BV) state, so the next chunk's tiles can be loaded while the current one is used.
+    Default (first): 32-wide value blocks, 3 stages, 4 warps (2.28 against 2.46 ms fwd+bwd at
+    8,2048,8,128, 1.70 against 1.75 at 8,2048,16,64; H100, gpu/sweep_launch.py sequential).
+    float32 tiles (float32 and float16 inputs) of keys wider than 64 are twice those bytes: with 3
+    stages `_bwd_state` asked for 246,784 bytes of shared memory where a Hopper block may have
+    232,448 (tests/kernels/test_kernels_shared_memory.py), so 1 stage and 8 warps there.
+    Where B H cdiv(V, 32) programs leave SMs idle (below twice the SM count) 16-wide blocks double
+    them (no gain measured at 2,8192,8,128, 64 programs: tuned per class rather than imposed);
+    where there are programs to spare, 64-wide blocks read the (64, K) key tiles half as often."""
+    K, V, precision, _, _, sms = shape_class
+    programs = _programs_32(shape_class)
+    if K > 64 and precision != "bf16":
+        configs = [tuning.config(8, 1, BV=32), tuning.config(4, 1, BV=32)]
+        if programs < 2 * sms:
+            configs += [tuning.config(8, 1, BV=16), tuning.config(4, 1, BV=16)]
+        return configs
+    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32), tuning.config(2, 3, BV=32)]
+    if programs < 2 * sms:
+        configs += [tuning.config(4, 3, BV=16), tuning.config(2, 3, BV=16)]
+    if programs >= sms and V >= 64:
+        configs += [tuning.config(4, 3, BV=64), tuning.config(8, 2, BV=64)]
+    return configs
+
+
+def _parallel_configs(shape_class: tuple) -> list:
+    """`_output_kernel` and `_bwd_local_kernel` (chunk-parallel, one program per value block,
+    chunk and head). Default: 32-wide blocks, 4 warps, 1 stage (forward 0.33 against 0.41 ms with
+    8 warps at 8,2048,8,128; fwd+bwd 1.95 against 2.04 ms for `_bwd_local`; H100,
+    gpu/sweep_launch.py output / bwd_local); 64-wide blocks read q and k half as often."""
+    V = shape_class[1]
+    configs = [tuning.config(4, 1, BV=32), tuning.config(2, 1, BV=32), tuning.config(4, 2, BV=32)]
+    if V >= 64:
+        configs += [tuning.config(4, 1, BV=64), tuning.config(8, 1, BV=64)]
+    return configs
+
+
+def _prep_configs(shape_class: tuple) -> list:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
     # gpu/sweep_launch.py prep)
-    return {"num_warps": 2, "num_stages": 1 if K > 64 else 2}
+    stages = 1 if shape_class[0] > 64 else 2
+    return [tuning.config(2, stages), tuning.config(4, stages), tuning.config(2, 3 - stages)]
 
 
-def _output_launch_options(K: int) -> dict:
-    # 4 warps: forward 0.33 against 0.41 ms at 8,2048,8,128, 0.22 against 0.24 at 8,2048,12,64
-    return {"num_warps": 4, "num_stages": 1}
+def _bwd_chunk_configs(shape_class: tuple) -> list:
+    """`_bwd_chunk_kernel`: BV is the value columns taken per step of its loop over V. Default: all
+    64 of a 64-wide head at once with 4 warps (0.89 against 1.07 ms at 8,2048,12,64); at K = 128,
+    32 columns (64: 2.10-2.39 against 1.89 ms) and 8 warps with 2 stages (2.19 against 2.29 ms at
+    8,2048,8,128; 16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory
+    access). With float32 tiles at K = 128 the two stages take 229,376 of the 232,448 bytes."""
+    K, V = shape_class[0], shape_class[1]
+    if K <= 64 and V >= 64:
+        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32),
+                tuning.config(8, 2, BV=64)]
+    return [tuning.config(8 if K > 64 else 4, 2, BV=32), tuning.config(8 if K > 64 else 4, 1, BV=32),
+            tuning.config(4 if K > 64 else 8, 2, BV=32)]
 
 
-def _bwd_local_launch_options(K: int) -> dict:
-    # 4 warps: fwd+bwd 1.95 against 2.04 ms at 8,2048,8,128, 1.08 against 1.12 at 8,2048,12,64
-    # (H100, gpu/sweep_launch.py output / bwd_local)
-    return {"num_warps": 4, "num_stages": 1}
-
-
-def _bwd_chunk_value_block(K: int, V: int) -> int:
-    # the value columns `_bwd_chunk_kernel` takes per step of its loop over V: all 64 of a
-    # 64-wide head at once (same sweep); at K = 128, 64 was slower than 32 (2.10-2.39 against 1.89)
-    return 64 if K <= 64 and V >= 64 else _value_block(K, V)
-
-
-def _sequential_launch_options(K: int, precision: str) -> dict:
-    # the kernels that walk the chunks one after another carry only the (BK, BV) state from one
-    # chunk to the next, so the next chunk's tiles can be loaded while the current one is used:
-    # 3 stages and 4 warps took 2.28 against 2.46 ms fwd+bwd at 8,2048,8,128 and 1.70 against 1.75
-    # at 8,2048,16,64 (H100, gpu/sweep_launch.py sequential). float32 tiles (float32 and float16
-    # inputs) of keys wider than 64 are twice those bytes: with 3 stages `_bwd_state` asked for
-    # 246,784 bytes of shared memory where a Hopper block may have 232,448 and failed to launch
-    # (tests/kernels/test_kernels_shared_memory.py compiles every kernel for sm_90 on the CPU)
-    if K > 64 and precision != "bf16":
-        return {"num_warps": 8, "num_stages": 1}
-    return {"num_warps": 4, "num_stages": 3}
-
-
-def _bwd_chunk_launch_options(K: int) -> dict:
-    # two pipeline stages fit with bfloat16 tiles also at K = 128: 2.19 against 2.29 ms fwd+bwd at
-    # 8,2048,8,128 (H100, gpu/sweep_launch.py bwd_chunk); 16 warps were slower (3.5 ms) and
-    # crashed at K = 64 with an illegal memory access, like the 16-wide value blocks. At K <= 64,
-    # with the value block below, 4 warps: 0.89 against 1.07 ms at 8,2048,12,64. With float32
-    # tiles at K = 128 the two stages take 229,376 of the 232,448 bytes a Hopper block may have
-    return {"num_warps": 8 if K > 64 else 4, "num_stages": 2}
+def _args(kernel, *values) -> dict:
+    """The kernel's arguments by name, up to the tuned ones (BV, warps, stages), which
+    `tuning.launch` adds."""
+    return dict(zip(kernel.arg_names, values))
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BT, BK, BV = CHUNK, block_size(K), block_size(V)
+    BT, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)
     inverse_precision = "tf32" if precision == "bf16" else precision
+    cls = _shape_class(B, T, H, K, V, precision, dev)
     # W, U, D, the chunk states and L^-1 reach the later kernels only as `dot` operands
     mid = intermediate_dtype(precision)
     w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     gcum = nan_buffer((B, T, H), f32, dev)
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
-    _prep_fwd_kernel[(NT, B * H)](k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK, BV,
-                                  precision, inverse_precision, INVERSE_BY_SQUARING,
-                                  **_prep_launch_options(K))
-    BV = _sequential_value_block(B, H, K, V, dev)
+    tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
+                  {**_args(_prep_fwd_kernel, k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK),
+                   "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
+                   "SQUARING": INVERSE_BY_SQUARING})
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     d = nan_buffer((B, T, H, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    _fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, precision,
-        **_sequential_launch_options(K, precision))
-    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK, BV, precision, **_output_launch_options(K))
+    tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
+                  _sequential_configs(cls), cls,
+                  {**_args(_fwd_kernel, k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK),
+                   "USE_H0": initial_state is not None, "STORE_HT": output_final_state,
+                   "PRECISION": precision})
+    tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
+                  _parallel_configs(cls), cls,
+                  {**_args(_output_kernel, q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK),
+                   "PRECISION": precision})
     return o, ht, (w, u, d, gcum, linv, h)
 
 
@@ -156,26 +167,31 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     w, u, d, gcum, linv, h = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BT, BK, BV = CHUNK, block_size(K), _sequential_value_block(B, H, K, V, q.device)
+    BT, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)
+    cls = _shape_class(B, T, H, K, V, precision, dev)
     dd = nan_buffer((B, T, H, V), f32, dev)
     dh = nan_buffer((B * H, NT, K, V), f32, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
-    _bwd_local_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK, BV, precision,
-        **_bwd_local_launch_options(K))
-    _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK, BV,
-        dht is not None, dh0 is not None, precision,
-        **_sequential_launch_options(K, precision))
+    tuning.launch("delta_rule.bwd_local", _bwd_local_kernel,
+                  lambda m: (triton.cdiv(V, m["BV"]), NT, B * H), _parallel_configs(cls), cls,
+                  {**_args(_bwd_local_kernel, q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK),
+                   "PRECISION": precision})
+    # it adds to dd and replaces dh in place: tuning restores them after each timed run
+    tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
+                  lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
+                  {**_args(_bwd_state_kernel, k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK),
+                   "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
+                  restore=("dd", "dh"))
     dq, dk = nan_buffer(q.shape, q.dtype, dev), nan_buffer(k.shape, k.dtype, dev)
     dv = nan_buffer(v.shape, v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
-    _bwd_chunk_kernel[(NT, B * H)](
-        q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg, scale,
-        T, H, K, V, BT, BK, _bwd_chunk_value_block(K, V), precision, **_bwd_chunk_launch_options(K))
+    tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
+                  _bwd_chunk_configs(cls), cls,
+                  {**_args(_bwd_chunk_kernel, q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
+                           dv, dbeta, dg, scale, T, H, K, V, BT, BK), "PRECISION": precision})
     return dq, dk, dv, dbeta, dg, dh0
 
 

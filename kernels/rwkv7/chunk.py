@@ -1,6 +1,8 @@
 """RWKV-7 recurrence in Triton, chunked (chunk-parallel): the launchers, the autograd Function and
 the public op `triton_chunk_rwkv7`. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`; every
-launch choice (chunk, FAST_SPAN, value blocks, warps, tile precision) is made here.
+launch choice (chunk, FAST_SPAN, value blocks, warps, tile precision) is made here: a short list of
+configurations per kernel and shape class, default first, which `ltm.kernels.tuning` times once
+per class on a GPU (the interpreter runs the default).
 
 Per token t, state S of shape [K, V], w_t the log decay (<= 0), a_t^T S read before the decay:
     s_t = S_{t-1}^T a_t;  S_t = diag(exp(w_t)) S_{t-1} + b_t s_t^T + k_t v_t^T;  o_t = S_t^T r_t
@@ -37,7 +39,9 @@ from __future__ import annotations
 import torch
 import triton
 
+from ltm.kernels import tuning
 from ltm.kernels.common import block_size, check_rwkv7_inputs, dot_precision, intermediate_dtype, nan_buffer
+from ltm.kernels.delta_rule.chunk import _sm_count
 from ltm.kernels.rwkv7.chunk_bwd import _bwd_grad_kernel, _bwd_state_kernel
 from ltm.kernels.rwkv7.chunk_fwd import _fwd_state_kernel, _output_kernel, _prep_fwd_kernel
 
@@ -54,56 +58,86 @@ CHUNK = 16
 FAST_SPAN = 40.0
 
 
-def _value_block(K: int, V: int) -> int:
-    # as in the delta rule: 32-wide value blocks (16 crashed there on Hopper, Triton 3.6)
-    return 32
+def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str, device) -> tuple:
+    """What the launch choices depend on (as in the delta rule's launcher): head sizes, tile
+    precision, chunks per sequence and B H rounded up to powers of two, the SM count."""
+    return (K, V, precision, tuning.bucket(triton.cdiv(T, CHUNK), 4096), tuning.bucket(B * H, 1024),
+            _sm_count(device))
 
 
-def _launch_options(K: int) -> dict:
-    # the chunk-parallel prep and output kernels. Untuned: the (C, K) float32 tiles of the prep's
-    # column loop want 8 warps at K = 128 to stay in registers
-    return {"num_warps": 8 if K > 64 else 4}
+def _sequential_configs(shape_class: tuple) -> list:
+    """`_fwd_state_kernel` and `_bwd_state_kernel`, which walk the chunks in order carrying only the
+    (BK, BV) state, so the next chunk's tiles can be loaded while the current one is used. Default:
+    the delta rule's measured choice for its sequential kernels (32-wide value blocks, 4 warps, 3
+    stages; 16-wide blocks crashed there on Hopper with block pointers, Triton 3.6, and run since
+    the port). Few programs (B H cdiv(V, 32) below twice the SM count): 16-wide blocks too; many:
+    64-wide blocks, which read the (C, K) tiles half as often."""
+    K, V, _, _, BH, sms = shape_class
+    programs = BH * triton.cdiv(V, 32)
+    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32), tuning.config(2, 3, BV=32)]
+    if programs < 2 * sms:
+        configs += [tuning.config(4, 3, BV=16), tuning.config(2, 3, BV=16)]
+    if programs >= sms and V >= 64:
+        configs += [tuning.config(4, 3, BV=64), tuning.config(8, 3, BV=64)]
+    return configs
 
 
-def _sequential_launch_options(K: int) -> dict:
-    # the two kernels that walk the chunks in order carry only the (BK, BV) state, so the next
-    # chunk's tiles can be loaded while the current one is used. Untuned: the delta rule's
-    # measured choice for its sequential kernels
-    return {"num_warps": 4, "num_stages": 3}
+def _parallel_configs(shape_class: tuple) -> list:
+    # `_output_kernel` (one program per value block, chunk and head) and, without BV, the prep.
+    # Default (untuned): 8 warps at K = 128 so that the prep's (C, K) float32 tiles of its column
+    # loop stay in registers, else 4; Triton's default 3 stages
+    warps = 8 if shape_class[0] > 64 else 4
+    return [tuning.config(warps, 3), tuning.config(12 - warps, 3), tuning.config(warps, 1)]
+
+
+def _output_configs(shape_class: tuple) -> list:
+    configs = [tuning.config(c.num_warps, c.num_stages, BV=32) for c in _parallel_configs(shape_class)]
+    return configs + ([tuning.config(4, 3, BV=64), tuning.config(8, 3, BV=64)] if shape_class[1] >= 64 else [])
 
 
 def _bwd_grad_launch_options(K: int) -> dict:
     # the gradient kernel holds about twenty (C, K) float32 tiles through its column loop.
     # Untuned: 8 warps; ptxas (sm_90) then reports 150-200 bytes of spills at K = 128 in bf16
-    # and at K = 32 with float32-level tiles
+    # and at K = 32 with float32-level tiles. Not tuned per class: it is launched once per
+    # in-chunk path, each launch skipping the other path's chunks, so a timing of one launch
+    # says little about the pair
     return {"num_warps": 8}
+
+
+def _args(kernel, *values) -> dict:
+    return dict(zip(kernel.arg_names, values))
 
 
 def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     B, T, H, K = r.shape
     V = v.shape[-1]
-    C, BK, BV = CHUNK, block_size(K), block_size(V)
+    C, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, C)
     dev, f32 = r.device, torch.float32
     precision = dot_precision(r.dtype, K)
     inverse_precision = "tf32" if precision == "bf16" else precision
+    cls = _shape_class(B, T, H, K, V, precision, dev)
     mid = intermediate_dtype(precision)
     x, s = nan_buffer((B, T, H, V), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     y, bbar, kbar, ybar, rt, at = (nan_buffer((B, T, H, K), mid, dev) for _ in range(6))
     gam = nan_buffer((B * H, NT, K), f32, dev)
     arl, arb, ark, aak = (nan_buffer((B * H, NT, C, C), mid, dev) for _ in range(4))
-    _prep_fwd_kernel[(NT, B * H)](
-        r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl, arb, ark, aak, T, H, K, V, C,
-        BK, BV, precision, inverse_precision, FAST_SPAN, **_launch_options(K))
-    BV = _value_block(K, V)
+    tuning.launch("rwkv7.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _parallel_configs(cls), cls,
+                  {**_args(_prep_fwd_kernel, r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl,
+                           arb, ark, aak, T, H, K, V, C, BK, block_size(V), precision,
+                           inverse_precision, FAST_SPAN)})
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    _fwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H, K, V, C, BK, BV,
-        initial_state is not None, output_final_state, precision, **_sequential_launch_options(K))
-    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK, BV, precision, **_launch_options(K))
+    tuning.launch("rwkv7.fwd_state", _fwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
+                  _sequential_configs(cls), cls,
+                  {**_args(_fwd_state_kernel, gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H,
+                           K, V, C, BK), "USE_H0": initial_state is not None,
+                   "STORE_HT": output_final_state, "PRECISION": precision})
+    tuning.launch("rwkv7.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
+                  _output_configs(cls), cls,
+                  {**_args(_output_kernel, r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK),
+                   "PRECISION": precision})
     return o, ht, (h, s, ybar, rt, at, gam, arl, ark, aak)
 
 
@@ -111,25 +145,28 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
     h, s, ybar, rt, at, gam, arl, ark, aak = saved
     B, T, H, K = r.shape
     V = v.shape[-1]
-    C, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    C, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, C)
     dev, f32 = r.device, torch.float32
     precision = dot_precision(r.dtype, K)
+    cls = _shape_class(B, T, H, K, V, precision, dev)
     # the in-chunk pair sums of the fast path: tf32 also when the tiles are bf16 (as L^-1)
     pair_precision = "tf32" if precision == "bf16" else precision
     mid = intermediate_dtype(precision)
     dh, p = nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
-    _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
-        rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V, C, BK, BV,
-        dht is not None, dh0 is not None, precision, **_sequential_launch_options(K))
+    tuning.launch("rwkv7.bwd_state", _bwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
+                  _sequential_configs(cls), cls,
+                  {**_args(_bwd_state_kernel, rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V,
+                           C, BK), "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
+                   "PRECISION": precision})
     dr, dk, da, db = (nan_buffer(x.shape, x.dtype, dev) for x in (r, k, a, b))
     dv = nan_buffer(v.shape, v.dtype, dev)
     dw = nan_buffer(w.shape, w.dtype, dev)
     for exact in (False, True):
         _bwd_grad_kernel[(NT, B * H)](
             r, w, k, v, a, b, h, s, dh, p, do, ark, aak, dr, dw, dk, dv, da, db,
-            T, H, K, V, C, BK, BV, precision, pair_precision, FAST_SPAN, exact,
+            T, H, K, V, C, BK, 32, precision, pair_precision, FAST_SPAN, exact,
             **_bwd_grad_launch_options(K))
     return dr, dw, dk, dv, da, db, dh0
 

@@ -21,6 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # the launcher modules of the chunked ops (the kernels themselves are in chunk_fwd / chunk_bwd)
 from ltm.kernels.delta_rule import chunk as delta_rule  # noqa: E402
 from ltm.kernels.rwkv7 import chunk as rwkv7_chunk  # noqa: E402
+from ltm.kernels import tuning  # noqa: E402
+
+# the launchers' defaults (the first configuration of each list), which run where no tuning does;
+# the other configurations are only ever tuned on a GPU, where one that does not fit is skipped
+tuning.AUTOTUNE = False
 
 HOPPER = GPUTarget("cuda", 90, 32)
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}

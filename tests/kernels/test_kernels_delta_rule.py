@@ -112,17 +112,32 @@ def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
         assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
 
 
+# launch paths besides the defaults, forced on every kernel at once: the sequential kernels (and
+# all others) on value blocks narrower or wider than the default 32; in the interpreter only BV
+# changes what runs (warps and stages do not), so one run per value-block layout covers them
+LAUNCH_PATHS = {
+    "narrow": {"delta_rule.fwd": 16, "delta_rule.bwd_state": 16, "delta_rule.output": 32,
+               "delta_rule.bwd_local": 32, "delta_rule.bwd_chunk": 32},
+    "wide": {"delta_rule.fwd": 64, "delta_rule.bwd_state": 64, "delta_rule.output": 64,
+             "delta_rule.bwd_local": 64, "delta_rule.bwd_chunk": 64},
+}
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
-def test_narrow_value_blocks_for_few_heads_match_the_token_loop(monkeypatch, dtype):
-    # the few-heads shape class (B H cdiv(V, 32) programs below the SM count): the sequential
-    # kernels and those sharing their grid split V into 16-wide blocks; the test shapes are all
-    # in that class, so every kernel launch here takes the narrow blocks
-    from ltm.kernels.delta_rule import chunk as module
-    monkeypatch.setattr(module, "NARROW_VALUE_BLOCK", 16)
-    assert module._sequential_value_block(1, 2, 64, 64) == 16
+@pytest.mark.parametrize("path", sorted(LAUNCH_PATHS))
+def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
+    # odd B and H, V = 80 (no multiple of 16, 32 or 64: the last value block is masked) and T
+    # two chunks and 7 tokens; the launch choices of every kernel are the forced ones
+    from ltm.kernels import tuning
+    forced = {name: {"BV": bv, "num_warps": 4, "num_stages": 1} for name, bv in LAUNCH_PATHS[path].items()}
+    monkeypatch.setattr(tuning, "FORCED", forced)
+    launched = []
+    launch = tuning.launch
+    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
     seed = case_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
-    xs = make_inputs(1, 2 * CHUNK + 3, 2, 64, 64, "strong", True, dtype, seed)
+    xs = make_inputs(3, 2 * CHUNK + 7, 1, 64, 80, "strong", True, dtype, seed)
     assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
                              ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+    assert set(forced) <= set(launched)

@@ -101,3 +101,27 @@ def test_final_state_only_gradient():
             assert x.grad is None or not x.grad.any(), f"seed={seed}: dr should be zero"
             continue
         assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
+
+
+# launch paths besides the defaults, forced on every tuned kernel at once (in the interpreter
+# only the value block BV changes what runs): the sequential kernels on 16- or 64-wide blocks
+LAUNCH_PATHS = {
+    "narrow": {"rwkv7.fwd_state": 16, "rwkv7.bwd_state": 16, "rwkv7.output": 32},
+    "wide": {"rwkv7.fwd_state": 64, "rwkv7.bwd_state": 64, "rwkv7.output": 64},
+}
+
+
+@pytest.mark.parametrize("path", sorted(LAUNCH_PATHS))
+def test_other_value_blocks_match_the_token_loop(monkeypatch, path):
+    # odd B, V = 80 (the last block of every width is masked), T three chunks and 5 tokens
+    from ltm.kernels import tuning
+    forced = {name: {"BV": bv, "num_warps": 4, "num_stages": 1} for name, bv in LAUNCH_PATHS[path].items()}
+    monkeypatch.setattr(tuning, "FORCED", forced)
+    launched = []
+    launch = tuning.launch
+    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
+    seed = case_seed()
+    xs = make_inputs(3, 3 * CHUNK + 5, 1, 32, 80, "mixed", True, torch.float32, seed)
+    assert_matches_reference(triton_chunk_rwkv7, naive_rwkv7, xs, ("r", "w", "k", "v", "a", "b", "h0"),
+                             seed, 1e-4, 1e-4)
+    assert set(forced) <= set(launched)

@@ -1,0 +1,77 @@
+"""ltm.kernels.tuning: the autotuned launch path (run here in Triton's interpreter with a host
+clock in place of the GPU's timer) gives the reference results, with every configuration of every
+tuned kernel's list run first, and in-place kernels restored between the timed runs."""
+import time
+
+import pytest
+import torch
+
+from reference import DEVICE, assert_matches_reference, case_seed
+
+from ltm.kernels import tuning
+from ltm.kernels.delta_rule import chunk as delta_rule_chunk, triton_chunk_delta_rule
+from ltm.kernels.rwkv7 import triton_chunk_rwkv7
+from ltm.ops.delta_rule.naive import naive_delta_rule
+from ltm.ops.rwkv7.naive import naive_rwkv7
+
+import test_kernels_delta_rule as delta_rule_tests
+import test_kernels_rwkv7_chunk as rwkv7_tests
+
+
+def test_bucket():
+    assert [tuning.bucket(n, 64) for n in (1, 2, 3, 16, 17, 64, 65, 1000)] == [1, 2, 4, 16, 32, 64, 64, 64]
+
+
+def host_bench(calls: list):
+    def bench(fn, quantiles=None):
+        t0 = time.perf_counter()
+        fn()
+        calls.append(fn)
+        ms = 1e3 * (time.perf_counter() - t0)
+        return [ms, ms, ms] if quantiles else ms
+    return bench
+
+
+@pytest.fixture
+def tuned(monkeypatch):
+    """Tuning on, fresh tuners, the host clock; yields the list of timed runs."""
+    calls = []
+    monkeypatch.setattr(tuning, "AUTOTUNE", True)
+    monkeypatch.setattr(tuning, "_TUNERS", {})
+    monkeypatch.setattr(tuning, "_bench", host_bench(calls))
+    return calls
+
+
+def check_every_config_ran(prefix: str, expected: set):
+    rows = [row for row in tuning.chosen() if row["kernel"].startswith(prefix)]
+    assert {row["kernel"] for row in rows} == expected
+    for row in rows:
+        timed = [{k: v for k, v in t.items() if k != "ms"} for t in row["timings"]]
+        assert len(timed) > 1 and row["best"] in timed
+
+
+# sm_count 1: the class has programs to spare (64-wide blocks on the list); the default count
+# (132): few programs (16-wide blocks on the list)
+@pytest.mark.parametrize("sms", [1, 132])
+def test_tuned_delta_rule_matches_the_token_loop(tuned, monkeypatch, sms):
+    monkeypatch.setattr(delta_rule_chunk, "DEFAULT_SM_COUNT", sms)
+    seed = case_seed()
+    xs = delta_rule_tests.make_inputs(1, 2 * delta_rule_tests.CHUNK + 3, 2, 32, 64, "strong", True,
+                                      torch.float32, seed)
+    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, 1e-4, 1e-4)
+    check_every_config_ran("delta_rule.", {f"delta_rule.{name}" for name in (
+        "prep", "fwd", "output", "bwd_local", "bwd_state", "bwd_chunk")})
+    # the sequential kernels' value blocks on the list follow the class's programs
+    widths = {t["BV"] for row in tuning.chosen() if row["kernel"] in ("delta_rule.fwd", "delta_rule.bwd_state")
+              for t in row["timings"]}
+    assert widths == ({32, 64} if sms == 1 else {16, 32})
+
+
+def test_tuned_rwkv7_matches_the_token_loop(tuned):
+    seed = case_seed()
+    xs = rwkv7_tests.make_inputs(1, 2 * rwkv7_tests.CHUNK + 5, 1, 32, 48, "mixed", True,
+                                 torch.float32, seed)
+    assert_matches_reference(triton_chunk_rwkv7, naive_rwkv7, xs, ("r", "w", "k", "v", "a", "b", "h0"),
+                             seed, 1e-4, 1e-4)
+    check_every_config_ran("rwkv7.", {"rwkv7.prep", "rwkv7.fwd_state", "rwkv7.output", "rwkv7.bwd_state"})
