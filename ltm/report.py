@@ -124,10 +124,31 @@ COMPARISON_COLUMNS = {"model": "model", "role": "role", "kind": "kind", "n_laten
                       "skipped": "skipped"}
 
 
-def latent_section(metrics_dir: Path, plots_dir: Path | None = None) -> Section:
+def gpu_latent_tables(gpu_dir: Path | None) -> list[pd.DataFrame]:
+    """The latent-vs-plain comparisons recorded on GPUs (records in gpu_dir holding latent_model,
+    from configs/gpu-latent.yaml and gpu/latent_bench.py): by inference steps, the comparison,
+    and the inner loop's cost against a compiled plain training step."""
+    tables = []
+    for path, record in ([] if gpu_dir is None else read_records(gpu_dir, "runs", "GPU training")):
+        if "latent_model" not in record:
+            continue
+        where = {"device": record["device"], "commit": record.get("commit"), "record": path.name}
+        tables.append(latent_by_steps(record["latent_model"]).assign(**where))
+        comparison = pd.DataFrame(record["comparison"])
+        shown = [c for c in COMPARISON_COLUMNS if c in comparison]
+        tables.append(comparison[shown].rename(columns=COMPARISON_COLUMNS).assign(**where))
+        inner = pd.DataFrame(record.get("inner_loop", {}).get("rows", []))
+        if not inner.empty:
+            tables.append(inner[["case", "impl", "ms", "tokens_per_s", "x_plain"]].assign(**where))
+    return tables
+
+
+def latent_section(metrics_dir: Path, plots_dir: Path | None = None,
+                   gpu_dir: Path | None = None) -> Section:
     """The latent model against the plain ones (the train stage's comparison, ltm.counterpart):
     its bound and prefix NLL by inference steps, the table at equal tokens and FLOPs and, with
-    plots_dir/compare_loss.csv, every model's validation loss against tokens and FLOPs."""
+    plots_dir/compare_loss.csv, every model's validation loss against tokens and FLOPs; then the
+    same recorded on GPUs (gpu_dir)."""
     title = "Latent thoughts"
     metrics = _read_json(metrics_dir / "train.json") or {}
     # the latent model's curves: train.json's latent_model (with counterparts), else the
@@ -155,7 +176,13 @@ def latent_section(metrics_dir: Path, plots_dir: Path | None = None) -> Section:
         note += f" Latent model: {latent['note']}."
     figure = latent_figure(by_steps, comparison if not comparison.empty else None,
                            curves if curves is not None and "model" in curves else None)
-    return Section(title, tables, [figure], note)
+    recorded = gpu_latent_tables(gpu_dir)
+    if recorded:
+        note += (" Below the CPU run's tables: the same comparison recorded on a GPU (by inference "
+                 "steps, the models, and the inner loop's cost as a multiple of a compiled plain "
+                 "training step at the GPU profile), kept in git because the CPU pipeline cannot "
+                 "rerun it.")
+    return Section(title, tables + recorded, [figure], note)
 
 
 def ablate_section(plots_dir: Path) -> Section:
@@ -315,7 +342,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     env = environment()
     sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                latent_section(metrics_dir, plots_dir), ablate_section(plots_dir), benchmark_section(plots_dir),
+                latent_section(metrics_dir, plots_dir, Path(gpu_records)), ablate_section(plots_dir), benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)

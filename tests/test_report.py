@@ -169,6 +169,27 @@ def test_latent_section_shows_the_curves_by_inference_steps_and_the_comparison(t
         "plain": 1000, "latent": 1000, "plain-equal-flops": 2000}
 
 
+
+def test_latent_section_adds_the_comparisons_recorded_on_gpus(tmp_path):
+    from ltm.report import latent_section
+    (tmp_path / "train.json").write_text(json.dumps(_comparison_train_json()))
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    record = _comparison_train_json()
+    record.update(device="H100", commit="abc1234", runs=[],
+                  inner_loop={"rows": [{"case": "inner step", "impl": "compiled", "ms": 36.0,
+                                        "tokens_per_s": None, "x_plain": 1.0}]})
+    (gpu / "latent-h100.json").write_text(json.dumps(record))
+    # a training record without latents is left to the GPU training section
+    (gpu / "train-h100.json").write_text(json.dumps({"device": "H100", "runs": []}))
+    section = latent_section(tmp_path, None, gpu)
+    cpu_steps, cpu_table, gpu_steps, gpu_table, inner = section.tables
+    assert gpu_steps["NELBO bound"].tolist() == [21.0, 20.0, 15.0]
+    assert set(gpu_steps["record"]) == {"latent-h100.json"} and set(gpu_table["device"]) == {"H100"}
+    assert gpu_table["model"].tolist() == ["plain", "latent", "plain-equal-flops"]
+    assert inner["x_plain"].tolist() == [1.0]
+    assert "recorded on a GPU" in section.note
+
 def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(tmp_path):
     from ltm.report import latent_section
     (tmp_path / "train.json").write_text(json.dumps(
