@@ -27,6 +27,7 @@ import torch
 
 from ltm.ablate import SWITCHABLE, AblateConfig, ablate, write_outputs
 from ltm.cache import cache_dir_of
+from ltm.levers import resolve_data
 from ltm.params import ParamsError, apply_override, from_mapping, read_params
 
 
@@ -50,6 +51,9 @@ def main() -> None:
     params = read_params(args.params)
     for item in args.set:
         apply_override(params, item, "--set")
+    # train.data auto (configs/gpu.yaml): decided once here, for every variant alike
+    train = params.setdefault("train", {})
+    train["data"] = resolve_data(train.get("data", "cache"), cache_dir_of(params))
     try:
         cfg = from_mapping(AblateConfig, params.get("ablate"), "ablate")
         out = Path(args.out)

@@ -56,6 +56,41 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def measure(batch: int = 16, seq_len: int = 1024, steps: int = 40, warmup: int = 10,
+            compile: bool = True, device: str = "cuda", size: dict | None = None) -> dict:
+    """tokens/s and MFU of the plain loop (random tokens; steps after `warmup` untimed ones).
+    size: GPT's keyword arguments (default GPT-2 small); the levers bench passes a tiny one on a
+    CPU, where no MFU is reported."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = GPT(**(size or {})).to(device)
+    # nanoGPT leaves the position table out of N: a lookup, not a matmul
+    n_params = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
+    cuda = device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=cuda)
+    step_fn = torch.compile(model) if compile else model
+    vocab = model.tok.num_embeddings
+    tokens = batch * seq_len
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for step in range(steps):
+        if step == warmup:
+            sync()
+            start = time.perf_counter()
+        x = torch.randint(vocab, (batch, seq_len + 1), device=device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = step_fn(x[:, :-1], x[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    sync()
+    tokens_per_s = tokens * (steps - warmup) / (time.perf_counter() - start)
+    flops_per_token = 6 * n_params + 12 * len(model.blocks) * model.tok.embedding_dim * seq_len
+    return {"run": "gpt2-baseline", "batch_size": batch, "seq_len": seq_len, "compile": compile,
+            "params": n_params, "tokens_per_s": round(tokens_per_s),
+            "mfu": round(tokens_per_s * flops_per_token / PEAK_FLOPS, 4) if cuda else None,
+            "peak_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=16)
@@ -64,32 +99,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    model = GPT().cuda()
-    # nanoGPT leaves the position table out of N: a lookup, not a matmul
-    n_params = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
-    step_fn = torch.compile(model) if args.compile else model
-    vocab = model.tok.num_embeddings
-    tokens = args.batch * args.seq_len
-    for step in range(args.steps):
-        if step == args.warmup:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-        x = torch.randint(vocab, (args.batch, args.seq_len + 1), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step_fn(x[:, :-1], x[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    tokens_per_s = tokens * (args.steps - args.warmup) / (time.perf_counter() - start)
-    flops_per_token = 6 * n_params + 12 * len(model.blocks) * model.tok.embedding_dim * args.seq_len
-    print(json.dumps({"run": "gpt2-baseline", "batch_size": args.batch, "seq_len": args.seq_len,
-                      "compile": args.compile, "params": n_params, "tokens_per_s": round(tokens_per_s),
-                      "mfu": round(tokens_per_s * flops_per_token / PEAK_FLOPS, 4),
-                      "peak_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20)}), flush=True)
+    print(json.dumps(measure(args.batch, args.seq_len, args.steps, args.warmup, args.compile)),
+          flush=True)
 
 
 if __name__ == "__main__":

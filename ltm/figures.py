@@ -244,3 +244,24 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
     if handles:
         fig.legend(handles, labels, loc="outside right upper")
     return fig
+
+
+def time_to_loss_figure(curves: dict[str, list[dict]], target: float | None = None) -> Figure:
+    """Validation loss against training seconds (evaluations left out) and against tokens, one
+    line per configuration; curves: name -> val rows (loss, train_seconds, tokens), as the train
+    stage's history holds them; target: a dashed line at the target loss."""
+    fig = Figure(figsize=(11, 3.4), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, x, label in zip(axes, ("train_seconds", "tokens"),
+                            ("training seconds (evaluations left out)", "tokens")):
+        for name, rows in curves.items():
+            ax.plot([r[x] for r in rows], [r["loss"] for r in rows], marker="o", markersize=3,
+                    label=name)
+        if target is not None:
+            ax.axhline(target, color="black", linestyle="--", linewidth=0.8)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation loss (nats per token)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper")
+    fig.suptitle("time to target: validation loss against time and tokens")
+    return fig

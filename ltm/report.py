@@ -99,7 +99,9 @@ def data_section(metrics_dir: Path) -> Section:
 # the training metrics a reader looks at first; the full file is in reports/metrics/train.json
 TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "seq_len",
               "train_loss_last10", "val_loss", "val_loss_noise", "tokens_per_s", "tokens_per_s_noise",
-              "mfu", "peak_memory_mib", "seconds", "device", "torch")
+              "mfu", "peak_memory_mib", "seconds", "device", "torch",
+              # train.target_loss: training seconds and tokens to it (absent when off)
+              "optimizer", "target_loss", "time_to_target_s", "tokens_to_target")
 
 
 def train_section(metrics_dir: Path, plots_dir: Path) -> Section:

@@ -129,3 +129,11 @@ def test_make_muon_refuses_a_model_without_matrices():
 
     with pytest.raises(ParamsError, match="no 2-D weight"):
         make_muon(Norms(), TrainConfig(optimizer="muon"), fused=False)
+
+
+def test_time_to_loss_figure_draws_each_configuration():
+    from ltm.figures import time_to_loss_figure
+    rows = [{"loss": 3.0 - i, "train_seconds": 1.0 + i, "tokens": 10 * (i + 1)} for i in range(3)]
+    fig = time_to_loss_figure({"adamw": rows, "muon": rows[:2]}, target=1.5)
+    ax_time, ax_tokens = fig.axes[:2]
+    assert len(ax_time.lines) == 3 and list(ax_tokens.lines[0].get_xdata()) == [10, 20, 30]

@@ -1,0 +1,290 @@
+"""Issue 21 in one run: the train stage's levers against the nanoGPT-class loop, measured together.
+
+    python3 gpu/levers_bench.py OUT.json [--parts kernels,baseline,ablate,ttt,deltanet]
+                                [--budget-s 520] [--tiny]
+
+Parts, in order (each skipped, with a note, once --budget-s is spent):
+  kernels   ltm.fused's kernels against the plain PyTorch ops on odd shapes, forward and backward,
+            float32 (bound 1e-5) and bfloat16 (bound 2e-2), relative max error
+  baseline  gpu/gpt2_baseline.py's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024
+  ablate    the ablate protocol on configs/gpu-levers.yaml: one row per lever with its verdict,
+            tokens/s and MFU; the final row (every lever that passed) is "levers on"
+  ttt       time to target on the token cache (data/cache, carried): a 4-layer model trained
+            the same steps and lr schedule with AdamW and with Muon (eager, bf16); the target is
+            AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png
+  deltanet  tokens/s of attention and DeltaNet (kernel triton) at T=2048 and 8192, 16k tokens per
+            step, with the levers the ablate part kept (train.optimizer left as it was)
+
+Writes OUT.json after every part (a run cut short keeps what it measured) and prints tables.
+--tiny: a tiny model on the CPU (Triton's interpreter), a minute or two; what it measures means
+nothing, it checks that every part runs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # before any Triton kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpt2_baseline  # noqa: E402
+
+from ltm.ablate import SWITCHABLE, AblateConfig, ablate, apply_switch  # noqa: E402
+from ltm.cache import cache_dir_of  # noqa: E402
+from ltm.hardware import peak_flops  # noqa: E402
+from ltm.levers import resolve_data, time_to_target  # noqa: E402
+from ltm.model import LTM, ModelConfig  # noqa: E402
+from ltm.params import apply_override, from_mapping, read_params  # noqa: E402
+from ltm.train import TrainConfig, Trainer, run_training  # noqa: E402
+
+PARTS = ("kernels", "baseline", "ablate", "ttt", "deltanet")
+TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "model.n_heads=2",
+              "model.d_ff=128", "model.max_seq_len=512", "model.kernel=torch", "train.device=cpu",
+              "train.batch_size=2", "train.seq_len=64", "train.opt.amp=off", "train.opt.tf32=false",
+              "train.opt.compile=false", "train.opt.fused_adamw=false", "train.opt.workers=0",
+              "train.opt.pin_memory=false", "ablate.warm_start_steps=2", "ablate.warmup=1",
+              "ablate.steps=1", "ablate.repeats=2", "ablate.val_sequences=2"]
+
+
+def commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def kernel_checks(device: str) -> list[dict]:
+    """Each fused op against its reference, forward and the input gradients."""
+    import torch.nn.functional as F
+    from ltm.fused import linear_cross_entropy, rms_norm, rope, swiglu, swiglu_reference
+    from ltm.mixers import apply_rope, rope_tables
+    cos, sin = (t.to(device) for t in rope_tables(64, 512, 10000.0))
+    cases = {
+        "rms_norm": (lambda x, w: rms_norm(x, w, 1e-6), lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+                     [(3, 77, 771), (771,)]),
+        "swiglu": (swiglu, swiglu_reference, [(3, 77, 2 * 683)]),
+        "rope": (lambda q, k: rope(q, k, cos[:77], sin[:77]),
+                 lambda q, k: (apply_rope(q, cos[:77], sin[:77]), apply_rope(k, cos[:77], sin[:77])),
+                 [(2, 5, 77, 64), (2, 5, 77, 64)]),
+        "cross_entropy": (lambda h, w: linear_cross_entropy(h, w, TARGETS[h.device.type], -100),
+                          lambda h, w: F.cross_entropy((h @ w.t()).float(), TARGETS[h.device.type]),
+                          [(301, 96), (1037, 96)]),
+    }
+    TARGETS[device] = torch.randint(0, 1037, (301,), device=device)
+    rows = []
+    for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        if dtype == torch.bfloat16 and device == "cpu":
+            continue
+        for name, (fused, reference, shapes) in cases.items():
+            gen = torch.Generator(device).manual_seed(0)
+            inputs = [torch.randn(s, device=device, generator=gen).to(dtype) for s in shapes]
+            errors = []
+            outs = []
+            for fn in (fused, reference):
+                leaves = [t.clone().requires_grad_(True) for t in inputs]
+                out = fn(*leaves)
+                out = out if isinstance(out, tuple) else (out,)
+                g = torch.Generator(device).manual_seed(1)
+                sum((o.float() * torch.randn(o.shape, device=device, generator=g)).sum()
+                    for o in out).backward()
+                outs.append(list(out) + [t.grad for t in leaves])
+            errors = [rel(a, b) for a, b in zip(*outs)]
+            rows.append({"op": name, "dtype": str(dtype).split(".")[-1], "max_rel_error": max(errors),
+                         "bound": bound, "ok": max(errors) <= bound})
+    return rows
+
+
+TARGETS: dict[str, torch.Tensor] = {}
+
+
+def gpu_config(path: str, tiny: bool, extra: list[str]) -> dict:
+    params = read_params(path)
+    for item in (TINY_MODEL if tiny else []) + extra:
+        apply_override(params, item, "--set")
+    params["train"]["data"] = resolve_data(params["train"].get("data", "cache"), cache_dir_of(params))
+    return params
+
+
+def flops_and_peak(params: dict, seq_len: int) -> tuple[float, float | None]:
+    model_cfg = from_mapping(ModelConfig, params["model"], "model")
+    vocab = max(model_cfg.vocab_size, 1)
+    flops = LTM(dataclasses.replace(model_cfg, vocab_size=vocab)).flops_per_token(seq_len)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return flops, peak_flops(device, params["train"]["opt"]["amp"])
+
+
+def ablate_part(args, out: dict) -> None:
+    params = gpu_config(args.params, args.tiny, args.set)
+    cfg = from_mapping(AblateConfig, params["ablate"], "ablate")
+    deadline = time.monotonic() + max(60.0, args.deadline - time.monotonic() - 30)
+    result = ablate(cfg, {name: params.get(name) or {} for name in SWITCHABLE},
+                    cache_dir_of(params), None, deadline=deadline)
+    flops, peak = flops_and_peak(params, params["train"]["seq_len"])
+    rows = result.table.to_dict("records")
+    for row in rows:
+        tps = row.get("tokens_per_s")
+        row["mfu"] = round(flops * tps / peak, 4) if peak and tps == tps and tps else None
+    out["ablate"] = {"rows": rows, "kept": result.info["kept"], "info": result.info,
+                     "flops_per_token": flops}
+    plain = out.get("baseline", {}).get("tokens_per_s")
+    levers_on = rows[-1] if result.info["kept"] else rows[0]
+    out["levers_on"] = {"tokens_per_s": levers_on["tokens_per_s"], "mfu": levers_on["mfu"],
+                        "switches": result.info["kept"],
+                        "x_nanogpt": levers_on["tokens_per_s"] / plain if plain else None}
+    print(result.table[["switch", "verdict", "speedup", "tokens_per_s", "delta_val_loss",
+                        "note"]].to_string(index=False))
+
+
+def ttt_part(args, out: dict, tmp: str) -> None:
+    """AdamW vs Muon on the token cache, the same steps and schedule; time to AdamW's final loss."""
+    params = read_params(args.params)
+    cache = cache_dir_of(params)
+    if resolve_data("auto", cache) != "cache":
+        out["ttt"] = {"skipped": f"no token cache in {cache}: carry data/cache"}
+        return
+    tiny = args.tiny
+    model = ModelConfig(vocab_size=0, n_layers=2 if tiny else 4, d_model=64 if tiny else 256,
+                        n_heads=2 if tiny else 4, max_seq_len=256, kernel="torch")
+    cuda = torch.cuda.is_available()
+    base = dict(steps=20 if tiny else args.ttt_steps, batch_size=4 if tiny else 32,
+                seq_len=64 if tiny else 256, warmup_steps=2 if tiny else 30, lr=3e-3, min_lr=3e-4,
+                eval_every=5 if tiny else 25, eval_batches=2 if tiny else 4, checkpoint_every=0,
+                resume=False, log_every=10, timing_warmup=1,
+                counterpart={"enabled": False},
+                opt={"amp": "bf16" if cuda else "off", "compile": False, "workers": 0})
+    runs = {}
+    for name, extra in (("adamw", {}), ("muon", {"optimizer": "muon", "muon_lr": 0.02})):
+        cfg = from_mapping(TrainConfig, {**base, **extra}, "train")
+        result = run_training(model, cfg, cache, str(Path(tmp) / name), progress=False)
+        runs[name] = {"curve": [r for r in result.history if r["split"] == "val"],
+                      "val_loss": result.metrics["val_loss"],
+                      "tokens_per_s": result.metrics["tokens_per_s"]}
+    target = runs["adamw"]["val_loss"]
+    for run in runs.values():
+        run.update(time_to_target(run["curve"], target))
+    a, m = runs["adamw"].get("time_to_target_s"), runs["muon"].get("time_to_target_s")
+    out["ttt"] = {"target_loss": target, "runs": runs, "data": cache,
+                  "muon_speedup": a / m if a and m else None}
+    figure(runs, target, Path(args.out).with_suffix(".png"))
+    for name, run in runs.items():
+        print(f"ttt {name}: final val {run['val_loss']:.4f}, to {target:.4f}: "
+              f"{run['time_to_target_s']} s, {run['tokens_to_target']} tokens")
+
+
+def figure(runs: dict, target: float, path: Path) -> None:
+    from ltm.figures import time_to_loss_figure
+    time_to_loss_figure({name: run["curve"] for name, run in runs.items()}, target).savefig(path)
+
+
+def throughput(params: dict, tmp: str, steps: int, warmup: int) -> float:
+    model_cfg = from_mapping(ModelConfig, params["model"], "model")
+    cfg = from_mapping(TrainConfig, dict(params["train"], steps=warmup + steps, resume=False),
+                       "train")
+    trainer = Trainer(model_cfg, cfg, cache_dir_of(params), tmp, progress=False)
+    batches, timing = trainer.loader(), {"data_wait": 0.0}
+    for _ in range(warmup):
+        trainer.train_step(batches, timing)
+    trainer.synchronize()
+    begin = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(batches, timing)
+    trainer.synchronize()
+    return steps * trainer.tokens_per_step() / (time.perf_counter() - begin)
+
+
+def deltanet_part(args, out: dict, tmp: str) -> None:
+    kept = [k for k in out.get("ablate", {}).get("kept", []) if "optimizer" not in k]
+    rows = []
+    lengths = ((128, 2), (256, 1)) if args.tiny else ((2048, 8), (8192, 2))
+    for seq_len, batch in lengths:
+        for mixer in ("attention", "deltanet"):
+            if time.monotonic() > args.deadline:
+                rows.append({"seq_len": seq_len, "mixer": mixer, "skipped": "time budget spent"})
+                continue
+            params = gpu_config(args.params, args.tiny, args.set + [
+                f"model.mixer={mixer}", f"train.seq_len={seq_len}", f"train.batch_size={batch}"])
+            sections = {name: params[name] for name in SWITCHABLE}
+            for switch in kept:
+                sections = apply_switch(sections, switch, "kept")
+            params.update(sections)
+            tps = throughput(params, str(Path(tmp) / f"{mixer}{seq_len}"), 2 if args.tiny else 8,
+                             1 if args.tiny else 4)
+            flops, peak = flops_and_peak(params, seq_len)
+            rows.append({"seq_len": seq_len, "mixer": mixer, "tokens_per_s": round(tps),
+                         "mfu": round(flops * tps / peak, 4) if peak else None, "levers": kept})
+            print(f"deltanet part: T={seq_len} {mixer}: {tps:,.0f} tokens/s")
+    for row in rows:
+        attn = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["mixer"] == "attention"
+                     and "tokens_per_s" in r), None)
+        if "tokens_per_s" in row and attn:
+            row["x_attention"] = round(row["tokens_per_s"] / attn["tokens_per_s"], 3)
+    out["deltanet"] = rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--params", default="configs/gpu-levers.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--budget-s", type=float, default=520.0)
+    parser.add_argument("--ttt-steps", type=int, default=600)
+    parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU")
+    args = parser.parse_args()
+    started = time.monotonic()
+    args.deadline = started + args.budget_s
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"error: --parts: unknown {sorted(unknown)}; expected some of {list(PARTS)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+           "torch": torch.__version__, "commit": commit(), "params": args.params,
+           "overrides": args.set, "tiny": args.tiny, "skipped": []}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in parts:
+            if time.monotonic() > args.deadline:
+                out["skipped"].append(part)
+                continue
+            begin = time.monotonic()
+            if part == "kernels":
+                out["kernels"] = kernel_checks(device)
+                for row in out["kernels"]:
+                    print(f"kernel {row['op']:14s} {row['dtype']:9s} {row['max_rel_error']:.2e} "
+                          f"(bound {row['bound']:.0e}) {'ok' if row['ok'] else 'FAILED'}")
+            elif part == "baseline":
+                size = {"vocab": 512, "d": 64, "n_layers": 2, "n_heads": 2, "max_len": 512}
+                out["baseline"] = gpt2_baseline.measure(
+                    **(dict(batch=2, seq_len=64, steps=3, warmup=1, compile=False, device="cpu",
+                            size=size) if args.tiny else {}))
+                print(f"nanoGPT-class loop: {out['baseline']}")
+            elif part == "ablate":
+                ablate_part(args, out)
+            elif part == "ttt":
+                ttt_part(args, out, tmp)
+            elif part == "deltanet":
+                deltanet_part(args, out, tmp)
+            out.setdefault("part_seconds", {})[part] = round(time.monotonic() - begin, 1)
+            out["wall_s"] = round(time.monotonic() - started, 1)
+            path.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if "levers_on" in out:
+        print(f"levers on: {out['levers_on']}")
+    print(f"wrote {path} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
