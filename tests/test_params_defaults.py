@@ -12,12 +12,14 @@ from ltm.ablate import AblateConfig
 from ltm.bench.stage import BenchmarkConfig
 from ltm.cache import DataConfig
 from ltm.model import ModelConfig
+from ltm.prior import PriorConfig
 from ltm.report import ReportConfig
 from ltm.samples import SamplesConfig
 from ltm.train import TrainConfig
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "samples": SamplesConfig,
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig,
+            "samples": SamplesConfig,
             "ablate": AblateConfig,
             "report": ReportConfig, "benchmark": BenchmarkConfig}
 
