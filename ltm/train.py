@@ -359,10 +359,13 @@ class Trainer:
                             self.cfg.seq_len, self.batch_size, self.cfg.grad_accum, self.rank,
                             self.world)
         first = self.step * self.cfg.grad_accum
+        # the loader's own generator: drawing its workers' base seed from the global one would
+        # shift the latent inner loop's noise after a resume (the batches need no seed of it)
         return iter(torch.utils.data.DataLoader(
             data, batch_size=None, sampler=range(first, self.cfg.steps * self.cfg.grad_accum),
             num_workers=self.sw.workers, pin_memory=self.sw.pin_memory,
-            prefetch_factor=4 if self.sw.workers else None))
+            prefetch_factor=4 if self.sw.workers else None,
+            generator=torch.Generator().manual_seed(self.cfg.seed + self.step)))
 
     def train_step(self, batches, timing: dict) -> None:
         """One optimiser step over grad_accum micro-batches."""

@@ -240,10 +240,18 @@ def curve(path: Path) -> list[tuple[int, float]]:
     return [(int(row["step"]), float(row["loss"])) for row in rows]
 
 
-def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path):
-    model = dict(n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
+# a latent model too: its inner loop draws q's start and noise from the global generator, whose
+# state the checkpoint must carry for the resumed run to fit the same posteriors
+LATENT_RUN = dict(latent={"steps": 2, "eval_steps": [0, 2], "eval_batches": 1},
+                  counterpart={"enabled": False})
+
+
+@pytest.mark.parametrize("n_latent", [0, 2])
+def test_sigkill_then_resume_is_bit_exact(cache_dir, tmp_path, n_latent):
+    model = dict(n_layers=2, d_model=32, n_heads=2, max_seq_len=32, n_latent=n_latent)
     train = dict(steps=24, batch_size=4, seq_len=16, warmup_steps=4, eval_every=12, eval_batches=2,
-                 checkpoint_every=3, log_every=1, resume=True, seed=int(torch.randint(0, 2**31, (1,))))
+                 checkpoint_every=3, log_every=1, resume=True, seed=int(torch.randint(0, 2**31, (1,))),
+                 **LATENT_RUN)
     params = write_params(tmp_path / "params.yaml", cache_dir, model, train)
     # the uninterrupted run in this process (one thread, as the subprocesses have)
     whole_dir = tmp_path / "whole"
@@ -290,6 +298,21 @@ def test_two_ddp_processes_match_one_on_the_same_global_batch(cache_dir, tmp_pat
     rows = [[loss for _, loss in curve(tmp_path / d / "loss.csv") + curve(tmp_path / d / "val_loss.csv")]
             for d in ("one", "two")]
     assert len(rows[0]) == 4 and rel_diff(rows[1], rows[0]) < 1e-5, f"{rows} (seed {train['seed']})"
+
+
+def test_a_latent_model_trains_under_ddp(cache_dir, tmp_path):
+    # each process fits the posteriors of its own sequences; their noise comes from each
+    # process's generator, so the run is not the single-process one to rounding: it must run,
+    # reduce its bound over both processes and stay finite
+    model = dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32, n_latent=2)
+    train = dict(steps=2, batch_size=2, seq_len=16, warmup_steps=1, eval_every=2, eval_batches=2,
+                 log_every=1, resume=False, **LATENT_RUN)
+    params = write_params(tmp_path / "two.yaml", cache_dir, model, train)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    run_to_completion(torchrun + cli(params, tmp_path / "two")[1:])
+    ddp = json.loads((tmp_path / "two" / "train.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["n_latent"] == 2
+    assert math.isfinite(ddp["val_nelbo"]) and ddp["val_nelbo"] > ddp["val_nll_given_fitted_z"]
 
 
 def test_train_stage_reads_params_and_writes_outputs(cache_dir, tmp_path):
