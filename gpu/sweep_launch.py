@@ -54,7 +54,7 @@ KERNELS = {
                    ("delta_rule.bwd_local", delta_rule_chunk._parallel_configs, "fb"),
                    ("delta_rule.bwd_state", delta_rule_chunk._sequential_configs, "fb"),
                    ("delta_rule.bwd_chunk", delta_rule_chunk._bwd_chunk_configs, "fb")],
-    "rwkv7": [("rwkv7.prep", rwkv7_chunk._parallel_configs, "fwd"),
+    "rwkv7": [("rwkv7.prep", rwkv7_chunk._prep_configs, "fwd"),
               ("rwkv7.fwd_state", rwkv7_chunk._sequential_configs, "fwd"),
               ("rwkv7.output", rwkv7_chunk._output_configs, "fwd"),
               ("rwkv7.bwd_state", rwkv7_chunk._sequential_configs, "fb")],

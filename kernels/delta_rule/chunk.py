@@ -78,12 +78,10 @@ def _sequential_configs(shape_class: tuple) -> list:
     programs = _programs_32(shape_class)
     if K > 64 and precision != "bf16":
         configs = [tuning.config(8, 1, BV=32), tuning.config(4, 1, BV=32)]
-        if programs < 2 * sms:
-            configs += [tuning.config(8, 1, BV=16), tuning.config(4, 1, BV=16)]
-        return configs
-    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32), tuning.config(2, 3, BV=32)]
+        return configs + ([tuning.config(8, 1, BV=16)] if programs < 2 * sms else [])
+    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
-        configs += [tuning.config(4, 3, BV=16), tuning.config(2, 3, BV=16)]
+        configs += [tuning.config(4, 3, BV=16)]
     if programs >= sms and V >= 64:
         configs += [tuning.config(4, 3, BV=64), tuning.config(8, 2, BV=64)]
     return configs
@@ -95,7 +93,7 @@ def _parallel_configs(shape_class: tuple) -> list:
     8 warps at 8,2048,8,128; fwd+bwd 1.95 against 2.04 ms for `_bwd_local`; H100,
     gpu/sweep_launch.py output / bwd_local); 64-wide blocks read q and k half as often."""
     V = shape_class[1]
-    configs = [tuning.config(4, 1, BV=32), tuning.config(2, 1, BV=32), tuning.config(4, 2, BV=32)]
+    configs = [tuning.config(4, 1, BV=32), tuning.config(4, 2, BV=32)]
     if V >= 64:
         configs += [tuning.config(4, 1, BV=64), tuning.config(8, 1, BV=64)]
     return configs
@@ -105,8 +103,7 @@ def _prep_configs(shape_class: tuple) -> list:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
     # gpu/sweep_launch.py prep)
-    stages = 1 if shape_class[0] > 64 else 2
-    return [tuning.config(2, stages), tuning.config(4, stages), tuning.config(2, 3 - stages)]
+    return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 
 def _bwd_chunk_configs(shape_class: tuple) -> list:
@@ -117,8 +114,7 @@ def _bwd_chunk_configs(shape_class: tuple) -> list:
     access). With float32 tiles at K = 128 the two stages take 229,376 of the 232,448 bytes."""
     K, V = shape_class[0], shape_class[1]
     if K <= 64 and V >= 64:
-        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32),
-                tuning.config(8, 2, BV=64)]
+        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
     return [tuning.config(8 if K > 64 else 4, 2, BV=32), tuning.config(8 if K > 64 else 4, 1, BV=32),
             tuning.config(4 if K > 64 else 8, 2, BV=32)]
 

@@ -74,24 +74,26 @@ def _sequential_configs(shape_class: tuple) -> list:
     64-wide blocks, which read the (C, K) tiles half as often."""
     K, V, _, _, BH, sms = shape_class
     programs = BH * triton.cdiv(V, 32)
-    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32), tuning.config(2, 3, BV=32)]
+    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16), tuning.config(2, 3, BV=16)]
     if programs >= sms and V >= 64:
-        configs += [tuning.config(4, 3, BV=64), tuning.config(8, 3, BV=64)]
+        configs += [tuning.config(4, 3, BV=64)]
     return configs
 
 
-def _parallel_configs(shape_class: tuple) -> list:
-    # `_output_kernel` (one program per value block, chunk and head) and, without BV, the prep.
-    # Default (untuned): 8 warps at K = 128 so that the prep's (C, K) float32 tiles of its column
-    # loop stay in registers, else 4; Triton's default 3 stages
-    warps = 8 if shape_class[0] > 64 else 4
-    return [tuning.config(warps, 3), tuning.config(12 - warps, 3), tuning.config(warps, 1)]
+def _prep_configs(shape_class: tuple) -> list:
+    # untuned, one configuration: 8 warps at K = 128 so that the (C, K) float32 tiles of the
+    # column loop stay in registers, else 4; Triton's default 3 stages. Not on a tuning list:
+    # its unrolled column loops take the longest of all our kernels to compile
+    return [tuning.config(8 if shape_class[0] > 64 else 4, 3)]
 
 
 def _output_configs(shape_class: tuple) -> list:
-    configs = [tuning.config(c.num_warps, c.num_stages, BV=32) for c in _parallel_configs(shape_class)]
+    # `_output_kernel`, one program per value block, chunk and head. Default (untuned): the prep's
+    # warps, 32-wide value blocks; 64-wide ones read r, w and the pair matrices half as often
+    warps = 8 if shape_class[0] > 64 else 4
+    configs = [tuning.config(warps, 3, BV=32), tuning.config(12 - warps, 3, BV=32)]
     return configs + ([tuning.config(4, 3, BV=64), tuning.config(8, 3, BV=64)] if shape_class[1] >= 64 else [])
 
 
@@ -122,7 +124,7 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     y, bbar, kbar, ybar, rt, at = (nan_buffer((B, T, H, K), mid, dev) for _ in range(6))
     gam = nan_buffer((B * H, NT, K), f32, dev)
     arl, arb, ark, aak = (nan_buffer((B * H, NT, C, C), mid, dev) for _ in range(4))
-    tuning.launch("rwkv7.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _parallel_configs(cls), cls,
+    tuning.launch("rwkv7.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
                   {**_args(_prep_fwd_kernel, r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl,
                            arb, ark, aak, T, H, K, V, C, BK, block_size(V), precision,
                            inverse_precision, FAST_SPAN)})
