@@ -3,6 +3,7 @@ its inline backend and shows each figure once, where it is displayed) and no win
 stage notebooks show them; the report embeds them."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
@@ -265,3 +266,56 @@ def time_to_loss_figure(curves: dict[str, list[dict]], target: float | None = No
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper")
     fig.suptitle("time to target: validation loss against time and tokens")
     return fig
+
+
+# the reference lines of prior_figure: sources of z or text that are not the prior's samplers
+PRIOR_REFERENCES = {"posterior (held-out)": ("black", "-"), "posterior (train split)": ("black", ":"),
+                    "plain LM": ("#9467bd", "--"), "held-out text": ("#2ca02c", "-.")}
+
+
+def prior_figure(table: pd.DataFrame) -> Figure:
+    """The learned prior's steps against quality (rows of the benchmark's prior.csv: source,
+    sampler, evaluations, mmd2, mmd2_noise, gen_ppl, gen_nll_noise): DPM-Solver++ by denoiser
+    evaluations, the 1000-step DDPM baseline as a point, each with one standard error, and the
+    other sources (N(0, I) at each scale, the posteriors, the plain LM, the data) as level
+    lines; left the MMD^2 to held-out posteriors, right the generated text's perplexity under
+    the plain LM."""
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    prior = table[table["source"] == "prior"]
+    dpm = prior[prior["sampler"] == "DPM-Solver++"].sort_values("evaluations")
+    ddpm = prior[prior["sampler"] != "DPM-Solver++"]
+    others = table[table["source"] != "prior"]
+    for ax, (column, noise, title) in zip(axes, [
+            ("mmd2", "mmd2_noise", "MMD$^2$ to held-out posteriors (lower is closer)"),
+            ("gen_ppl", "gen_nll_noise", "generative perplexity under the plain LM")]):
+        sns.lineplot(data=dpm, x="evaluations", y=column, marker="o", color="#d62728",
+                     label="DPM-Solver++", ax=ax)
+        ax.errorbar(dpm["evaluations"], dpm[column], yerr=_prior_error(dpm, column, noise),
+                    fmt="none", color="#d62728", capsize=3)
+        ax.errorbar(ddpm["evaluations"], ddpm[column], yerr=_prior_error(ddpm, column, noise),
+                    fmt="s", color="#1f77b4", capsize=3, label="DDPM (ancestral)")
+        gaussian_styles = iter(["--", (0, (1, 1)), "-.", (0, (5, 1))])
+        for _, row in others.iterrows():
+            if pd.isna(row.get(column)):
+                continue
+            color, style = PRIOR_REFERENCES.get(row["source"],
+                                                ("#7f7f7f", next(gaussian_styles, "--")))
+            ax.axhline(row[column], color=color, linestyle=style, linewidth=1, label=row["source"])
+        ax.set_xscale("log")
+        if column == "mmd2":  # N(0, I) lies orders of magnitude above the prior
+            ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_xlabel("denoiser evaluations per z")
+        ax.set_ylabel(column)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _prior_error(rows: pd.DataFrame, column: str, noise: str) -> list:
+    """One standard error around each value; for a perplexity exp(nll), exp(nll -+ se)."""
+    if column != "gen_ppl":
+        return [rows[noise].tolist()] * 2
+    nll, se = np.log(rows[column].to_numpy()), rows[noise].to_numpy()
+    return [(rows[column] - np.exp(nll - se)).tolist(), (np.exp(nll + se) - rows[column]).tolist()]

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from ltm import compare
 from ltm.figures import (ablate_figure, benchmark_figures, latent_by_steps, latent_figure,
-                         loss_figure)
+                         loss_figure, prior_figure)
 from ltm.params import load_section, read_params
 from ltm.records import read_records
 
@@ -185,6 +185,44 @@ def latent_section(metrics_dir: Path, plots_dir: Path | None = None,
                  "training step at the GPU profile), kept in git because the CPU pipeline cannot "
                  "rerun it.")
     return Section(title, tables + recorded, [figure], note)
+
+
+# the prior table's columns in the report, and their headers
+PRIOR_TABLE = {"source": "source", "sampler": "sampler", "evaluations": "evaluations",
+               "ms_per_z": "ms per z", "ms_per_sequence": "ms per sequence",
+               "mmd2": "MMD^2", "mmd2_noise": "MMD^2 noise", "fd_pca": "Frechet (PCA)",
+               "fd_pca_noise": "Frechet noise", "gen_ppl": "gen. perplexity",
+               "gen_nll_noise": "gen. NLL noise", "token_entropy": "token entropy (nats)"}
+
+
+def prior_section(metrics_dir: Path, plots_dir: Path) -> Section:
+    """The learned prior over latent thoughts (ltm.prior; trained by the train stage, measured
+    by the benchmark stage): steps against quality, beside N(0, I) and the plain LM."""
+    title = "A learned prior over latent thoughts"
+    table = _read_csv(plots_dir / "prior.csv")
+    metrics = _read_json(metrics_dir / "prior.json") or {}
+    trained = _read_json(metrics_dir / "prior_train.json") or {}
+    if table is None or table.empty:
+        why = metrics.get("skipped") or trained.get("skipped") or "the benchmark stage measured none"
+        return Section(title, [], [], f"No prior results: {why}.")
+    shown = table[[c for c in PRIOR_TABLE if c in table]].rename(columns=PRIOR_TABLE)
+    headline = {k: v for k, v in metrics.items() if k != "by_source"}
+    tables = [shown, pd.DataFrame({"metric": list(headline), "value": [str(v) for v in headline.values()]})]
+    note = (f"A DiT denoiser over z ({trained.get('params', '?')} weights, {trained.get('steps', '?')} "
+            f"steps) trained on posterior samples of {trained.get('train_sequences', '?')} training "
+            f"sequences, fitted by the latent model's own inner loop "
+            f"({trained.get('posterior_inner_steps', '?')} inner steps); its denoising loss "
+            f"{trained.get('eval_loss_train', float('nan')):.4f} on training and "
+            f"{trained.get('eval_loss_heldout', float('nan')):.4f} on held-out posteriors. "
+            f"{metrics.get('samples', '?')} z per source against "
+            f"{metrics.get('reference_samples', '?')} held-out posterior samples, in the prior's "
+            "normalised coordinates: MMD^2 is the unbiased estimate with a Gaussian kernel of the "
+            "held-out samples' median distance (the headline; it may be negative), Frechet (PCA) "
+            f"the Frechet distance on their top {metrics.get('pca_dims', '?')} principal axes; "
+            "noise: jackknife standard errors. Generative perplexity: the generated tokens' NLL "
+            "under the train stage's plain LM (its own samples included, for reference); token "
+            "entropy: of each sequence's token frequencies (low = repetition).")
+    return Section(title, tables, [prior_figure(table)], note)
 
 
 def ablate_section(plots_dir: Path) -> Section:

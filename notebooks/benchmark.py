@@ -12,6 +12,9 @@ params_path = "params.yaml"
 metrics_path = None
 plot_path = None
 plot_dir = None
+checkpoint_dir = None
+prior_metrics_path = None
+prior_plot_path = None
 
 # %%
 # %matplotlib inline
@@ -36,3 +39,18 @@ table
 # %%
 for figure in benchmark_figures(table):
     display(figure)
+
+# %% [markdown]
+# ## The learned prior over latent thoughts
+# Its samplers (1000-step DDPM, DPM-Solver++ at few evaluations) against z ~ N(0, I) and the plain
+# LM, on the train stage's models: time per z, distance to held-out posteriors, and the text
+# generated from those z scored by the plain LM (ltm/bench/prior.py states the estimators).
+
+# %%
+from ltm.bench.stage import prior_benchmark
+
+prior_paths = stage_paths("benchmark", checkpoint_dir=checkpoint_dir,
+                          prior_metrics_path=prior_metrics_path, prior_plot_path=prior_plot_path)
+prior_table, prior_metrics = prior_benchmark(params_path, **prior_paths)
+display({k: v for k, v in prior_metrics.items() if k != "by_source"})
+prior_table

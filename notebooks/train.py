@@ -13,6 +13,7 @@ checkpoint_dir = None
 metrics_path = None
 plot_path = None
 samples_path = None
+prior_metrics_path = None
 
 # %%
 # %matplotlib inline
@@ -55,6 +56,19 @@ if latent.get("val_nelbo_by_steps"):
     print(latent.get("note", ""))
     display(latent_figure(latent_by_steps(latent), comparison if not comparison.empty else None,
                           pd.DataFrame(result.compared) if result.compared else None))
+
+# %% [markdown]
+# ## A learned prior over latent thoughts
+# A small diffusion model over z, trained on posterior samples of the latent model (params.yaml
+# `prior:`, ltm/prior.py); the benchmark stage compares its samplers with N(0, I).
+
+# %%
+from ltm.prior_train import prior_stage
+
+prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path)
+prior_metrics = prior_stage(params_path, paths["checkpoint_dir"],
+                            prior_paths["prior_metrics_path"])
+pd.Series({k: v for k, v in prior_metrics.items() if k != "curve"}, name="value").to_frame()
 
 # %% [markdown]
 # Text sampled from the trained checkpoint (params.yaml `samples:`; also
