@@ -146,6 +146,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU: a check")
     parser.add_argument("--no-compile", action="store_true", help="eager rows only")
+    parser.add_argument("--skip", default="", help="section numbers to leave out, e.g. 2,3,6")
+    parser.add_argument("--fused-ops", default="",
+                        help="ltm.fused kernels swapped into both models (train.opt.fused_ops), "
+                             "e.g. rms_norm,swiglu,rope")
     args = parser.parse_args()
     began = time.perf_counter()
 
@@ -194,6 +198,9 @@ def main() -> None:
 
     def section(name: str) -> bool:
         spent = time.perf_counter() - began
+        if name.split(".")[0] in args.skip.split(","):
+            record["skipped"].append(f"{name} (--skip)")
+            return False
         if spent > args.budget:
             record["skipped"].append(f"{name} (budget spent: {spent:.0f} s)")
             print(f"skipped: {name} ({spent:.0f} s > --budget {args.budget:.0f})", flush=True)
@@ -204,6 +211,11 @@ def main() -> None:
 
     torch.manual_seed(0)
     plain = LTM(dataclasses.replace(cfg, n_latent=0)).to(device)
+    fused_ops = [op for op in args.fused_ops.split(",") if op]
+    record["fused_ops"] = fused_ops
+    if fused_ops:
+        from ltm.fused import apply_fused_ops
+        apply_fused_ops(plain, fused_ops)
     plain_loss = LossModel(plain, False, False)
     if section("1. plain training step"):
         add("plain step", "eager", train_step(plain_loss, plain, x, y, device, amp), True)
@@ -214,6 +226,8 @@ def main() -> None:
     del plain, plain_loss
     torch.manual_seed(0)
     model = LTM(latent_cfg).to(device)
+    if fused_ops:
+        apply_fused_ops(model, fused_ops)
     # the decoder's step compiled as training compiles it (train.opt.compile), the inner loop
     # swapped between the eager and the compiled fitter (posterior_sample is left out of the
     # compiled graph and calls loss_model.fitter)
