@@ -2,6 +2,7 @@
 one-token step captured in a CUDA graph (and optionally compiled), sampling on the device.
 
     python -m ltm.generate --checkpoint data/checkpoints --prompt "ROMEO:" --max-new-tokens 200
+    python -m ltm.generate --checkpoint data/checkpoints/counterpart-latent --prior data/checkpoints/prior
     texts = sample_text("data/checkpoints", "data/cache", ["ROMEO:", "JULIET:"], seed=0)
 
 `LTM.generate` stays the readable reference: a fresh cache per call and a Python loop that
@@ -433,6 +434,10 @@ def run(args: argparse.Namespace) -> None:
     if args.batch < 1:
         raise GenerationError(f"--batch: must be >= 1, got {args.batch}")
     z = prompt_latents(model, [prompt.tolist()] * args.batch, args.latent_scale, args.fit_latents)
+    if args.prior:  # the third way: z from the learned prior (ltm.prior, DPM-Solver++)
+        from ltm.prior import latents, load_prior
+        z = latents(model, "prior", args.batch, prior=load_prior(args.prior, device),
+                    steps=args.prior_steps)
     decoder = Decoder(model, args.batch, len(prompt) + max(args.max_new_tokens - 1, 0), sampling,
                       z=z, compile=args.compile)
     printer = _Printer(tokenizer, eot) if args.batch == 1 else None
@@ -467,6 +472,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="latent models: z = scale * N(0, I) (the authors sweep 0.5-1.0)")
     parser.add_argument("--fit-latents", type=int, default=0, metavar="STEPS",
                         help="latent models: z from the posterior fitted to the prompt instead")
+    parser.add_argument("--prior", metavar="FOLDER", help="latent models: z sampled from the "
+                        "learned prior in FOLDER instead (the train stage's data/checkpoints/prior)")
+    parser.add_argument("--prior-steps", type=int, default=None,
+                        help="its DPM-Solver++ evaluations (default: prior.sample_steps)")
     args = parser.parse_args(argv)
     try:
         run(args)

@@ -221,14 +221,14 @@ def _distances(z: torch.Tensor, setup: _Setup) -> dict:
 
 
 def _text(cfg: PriorBench, model, plain, bos: int, z, device) -> tuple[dict, torch.Tensor, float]:
-    """(text metrics, tokens (N, new_tokens), seconds of the generation) from `model` with z."""
-    from ltm.generate import Sampling, generate_tokens
+    """(text metrics, tokens (N, new_tokens), seconds of the generation) from `model` with z.
+    The static decoder is built (on a GPU: its CUDA graph captured) before the clock starts."""
+    from ltm.generate import Decoder, Sampling
 
     torch.manual_seed(cfg.seed)
-    sampling = Sampling(cfg.temperature, cfg.top_k)
-    prompts = [[bos]] * cfg.samples
-    tokens, seconds = _median_seconds(
-        lambda: generate_tokens(model, prompts, cfg.new_tokens, sampling, z=z), device, 1)
+    decoder = Decoder(model, cfg.samples, cfg.new_tokens, Sampling(cfg.temperature, cfg.top_k), z)
+    prompts = [torch.tensor([bos])] * cfg.samples
+    tokens, seconds = _median_seconds(lambda: decoder.generate(prompts, cfg.new_tokens), device, 1)
     return _text_metrics(plain, bos, tokens.cpu()), tokens.cpu(), seconds
 
 
@@ -288,6 +288,8 @@ def bench_prior(cfg: PriorBench, checkpoint_dir: str | Path, device: torch.devic
                   - prior.mean.cpu()) / prior.std.cpu()).flatten(1).double()
     setup = _Setup(reference, pca_basis(reference, cfg.pca_dims), median_bandwidth(reference),
                    prior.mean.cpu(), prior.std.cpu())
+    for sampler in ("ddpm", "dpmsolver++"):  # untimed: first kernels, allocator, scheduler setup
+        prior.sample(cfg.samples, 2, sampler)
     rows = []
     for head, draw, repeats in _z_sources(cfg, prior, post, n_ref):
         z, seconds = _median_seconds(draw, device, repeats)
