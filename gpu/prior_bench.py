@@ -10,7 +10,7 @@ GPU sizes: the GPU profile's width (configs/gpu.yaml: attention, 12 layers, d_mo
 heads) at T=256, batch 16, with n_latent 8 thoughts per layer and 4 inner steps (reduced from the
 authors' 16 for the minutes; z is 96 slots x 768 = 73,728 numbers), trained --train-steps steps;
 the prior a 4-block DiT of width 256 over patches of 64 numbers (1152 tokens per z), 1500 steps
-of 64. Data: the token cache in --cache-dir when given (carry data/cache: vocabulary 2048),
+of 64; the models train eagerly (no compile time) with bf16 autocast. Data: the token cache in --cache-dir when given (carry data/cache: vocabulary 2048),
 else random tokens, which measure time only (the distances and perplexities of a model trained
 on noise mean little; OUT.json's `data` says which). float32 with TF32 matmuls, eager.
 
@@ -77,7 +77,7 @@ def train_models(root: Path, size: str, steps: int, n_latent: int, inner: int,
     train = from_mapping(TrainConfig, dict(
         train_kw, device=device, steps=steps, data="cache" if cache_dir else "synthetic",
         eval_every=steps, eval_batches=2, checkpoint_every=0, resume=False, log_every=50,
-        timing_warmup=2, counterpart={"enabled": False},
+        timing_warmup=2, counterpart={"enabled": False}, opt={"compile": False},
         latent={"steps": inner, "eval_steps": [inner], "eval_batches": 1}), "train")
     if cache_dir:  # the cache's vocabulary
         model = dataclasses.replace(model, vocab_size=0)
