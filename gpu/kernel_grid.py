@@ -149,6 +149,8 @@ def grid_row(op: str, shape: tuple, ceilings: dict, with_default: bool) -> dict:
     row["ours_configs"] = {r["kernel"]: r["best"] for r in tuning.chosen()
                            if (r["kernel"], tuple(r["class"])) not in before}
     if with_default:
+        # "ours" above ran tuned when LTM_AUTOTUNE=1 (the library's default is off: see
+        # ltm.kernels.tuning); "default" is the untuned launch either way
         tuning.AUTOTUNE, autotune = False, tuning.AUTOTUNE
         try:
             measure(impls["ours"], x, "default", row)

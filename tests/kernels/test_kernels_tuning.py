@@ -76,3 +76,37 @@ def test_tuned_rwkv7_matches_the_token_loop(tuned):
                              seed, 1e-4, 1e-4)
     # the prep has one configuration (it is not tuned)
     check_every_config_ran("rwkv7.", {"rwkv7.fwd_state", "rwkv7.output", "rwkv7.bwd_state"})
+
+
+def test_tuning_is_off_unless_asked_and_never_runs_while_compiling(tuned, monkeypatch):
+    # found on an H100: under torch.compile, Dynamo recorded the autotuned launch without running
+    # it, and reading the tuner's best configuration failed ("no attribute 'best_config'")
+    launched = []
+
+    def kernel_grid(grid):
+        return lambda **kw: launched.append((grid, kw))
+
+    class Kernel:
+        __getitem__ = staticmethod(kernel_grid)
+
+    configs = [tuning.config(4, 1, BV=32), tuning.config(8, 2, BV=64)]
+    monkeypatch.setattr(tuning.torch.compiler, "is_compiling", lambda: True)
+    chosen = tuning.launch("fake", Kernel(), lambda m: (m["BV"],), configs, ("class",), {"x": 1})
+    assert chosen == {"BV": 32, "num_warps": 4, "num_stages": 1}
+    assert launched == [((32,), {"x": 1, "BV": 32, "num_warps": 4, "num_stages": 1})]
+    assert tuned == [] and tuning.chosen() == []  # nothing timed, no tuner made
+
+
+def test_tuning_is_opt_in(monkeypatch):
+    import importlib
+    monkeypatch.delenv("LTM_AUTOTUNE", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        assert not importlib.reload(tuning).AUTOTUNE
+        monkeypatch.setenv("LTM_AUTOTUNE", "1")
+        assert importlib.reload(tuning).AUTOTUNE
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert not importlib.reload(tuning).AUTOTUNE
+    finally:
+        monkeypatch.undo()
+        importlib.reload(tuning)
