@@ -382,7 +382,9 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     env = environment()
     sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                latent_section(metrics_dir, plots_dir, Path(gpu_records)), ablate_section(plots_dir), benchmark_section(plots_dir),
+                latent_section(metrics_dir, plots_dir, Path(gpu_records)),
+                prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),
+                benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
     Path(output).parent.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,8 @@ from ltm.bench.stage import prior_benchmark
 
 prior_paths = stage_paths("benchmark", checkpoint_dir=checkpoint_dir,
                           prior_metrics_path=prior_metrics_path, prior_plot_path=prior_plot_path)
-prior_table, prior_metrics = prior_benchmark(params_path, **prior_paths)
+prior_table, prior_metrics = prior_benchmark(
+    params_path, prior_paths["checkpoint_dir"], metrics_path=prior_paths["prior_metrics_path"],
+    plot_path=prior_paths["prior_plot_path"])
 display({k: v for k, v in prior_metrics.items() if k != "by_source"})
 prior_table

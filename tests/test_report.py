@@ -29,6 +29,7 @@ def _git(root, *args):
 
 
 SECTIONS = ["Summary: what changed", "Run settings", "Data", "Training", "Latent thoughts",
+            "A learned prior over latent thoughts",
             "Ablation verdicts", "Benchmarks", "Generated text",
             "Kernel benchmarks on GPUs (recorded history)", "Training on GPUs (recorded history)"]
 
