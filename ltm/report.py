@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from ltm import compare
 from ltm.figures import (ablate_figure, benchmark_figures, latent_by_steps, latent_figure,
-                         loss_figure, prior_figure)
+                         loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import load_section, read_params
 from ltm.records import read_records
 
@@ -112,6 +112,12 @@ def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
     read = {split: _read_csv(plots_dir / f"{split}_loss.csv") for split in ("train", "val")}
     curves = [c.assign(split=split) for split, c in read.items() if c is not None and len(c)]
     figures = [loss_figure(pd.concat(curves, ignore_index=True))] if curves else []
+    val = read["val"]
+    if val is not None and len(val) and {"train_seconds", "tokens"} <= set(val):
+        # time to target: the validation loss against the training clock (issue 21)
+        name = f"{metrics.get('mixer', 'model')}, {metrics.get('optimizer', 'adamw')}"
+        figures.append(time_to_loss_figure({name: val.to_dict("records")},
+                                           metrics.get("target_loss")))
     table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in TRAIN_KEYS if k in metrics])
     return Section("Training", [table], figures)
 

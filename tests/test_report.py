@@ -200,3 +200,18 @@ def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(
     assert len(section.figures) == 1 and len(section.figures[0].axes) == 1  # no prefix curve
     (tmp_path / "train.json").write_text(json.dumps({"val_loss": 5.0}))
     assert latent_section(tmp_path).figures == []
+
+
+def test_training_section_plots_validation_loss_against_the_training_clock(tmp_path):
+    from ltm.report import train_section
+    (tmp_path / "train.json").write_text(json.dumps(
+        {"val_loss": 5.0, "mixer": "attention", "optimizer": "muon", "target_loss": 5.2}))
+    pd.DataFrame({"step": [10, 20], "seconds": [1.0, 2.5], "loss": [5.5, 5.0],
+                  "train_seconds": [0.8, 2.0], "tokens": [100, 200]}).to_csv(
+        tmp_path / "val_loss.csv", index=False)
+    _, clock = train_section(tmp_path, tmp_path).figures
+    by_seconds, by_tokens = clock.axes
+    (curve, target) = by_seconds.lines
+    assert list(curve.get_xdata()) == [0.8, 2.0] and list(curve.get_ydata()) == [5.5, 5.0]
+    assert list(target.get_ydata()) == [5.2, 5.2] and curve.get_label() == "attention, muon"
+    assert list(by_tokens.lines[0].get_xdata()) == [100, 200]
