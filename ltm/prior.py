@@ -51,8 +51,9 @@ class PriorConfig:
 
     enabled: bool = True
     # the denoiser: `depth` DiT blocks of `width` over the latent slots, adaLN-Zero conditioning;
-    # each slot's d_model vector is cut into patches of `patch` numbers, one token each (a token
-    # narrower than the data it predicts would bottleneck it); null = a whole slot per token
+    # each slot's d_model vector is cut into patches of `patch` numbers (or the largest divisor of
+    # d_model below it), one token each (a token narrower than the data it predicts would
+    # bottleneck it); null = a whole slot per token
     patch: int | None = 32
     width: int = 64
     depth: int = 2
@@ -164,9 +165,9 @@ class Denoiser(nn.Module):
     def __init__(self, slots: int, dim: int, cfg: PriorConfig,
                  skip: torch.Tensor | None = None) -> None:
         super().__init__()
-        patch = cfg.patch or dim
-        if dim % patch:
-            raise ParamsError(f"prior.patch: {patch} does not divide the latents' d_model {dim}")
+        # the largest patch that divides d_model and is at most cfg.patch: a model.d_model that
+        # is not a multiple of prior.patch (48 with the default 32) still trains a prior
+        patch = math.gcd(cfg.patch or dim, dim)
         width, self.patch = cfg.width, patch
         self.slots, self.dim, self.tokens = slots, dim, slots * dim // patch
         self.inp = nn.Linear(patch, width)

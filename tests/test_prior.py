@@ -100,13 +100,16 @@ def test_the_untrained_denoiser_samples_the_normalisation_gaussian(patch):
     assert ((z.std(0) / prior.std) - 1).abs().max() < 0.04  # 5 standard errors of a std
 
 
-def test_the_denoiser_is_shaped_like_z_and_patches_must_divide():
+def test_the_denoiser_is_shaped_like_z_and_its_patch_divides_d_model():
     cfg = PriorConfig(patch=4, width=16, n_heads=2)
     model = Denoiser(3, 8, cfg, gaussian_skip(cfg))
     assert model.tokens == 6
     assert model(torch.randn(5, 3, 8), torch.randint(1000, (5,))).shape == (5, 3, 8)
-    with pytest.raises(ParamsError, match="prior.patch: 3 does not divide"):
-        Denoiser(3, 8, PriorConfig(patch=3, width=16, n_heads=2))
+    # a d_model that prior.patch does not divide (the pipeline test's 48 against 32) takes the
+    # largest patch below it that does
+    odd = Denoiser(3, 48, PriorConfig(patch=32, width=16, n_heads=2))
+    assert odd.patch == 16 and odd.tokens == 9
+    assert odd(torch.randn(2, 3, 48), torch.randint(1000, (2,))).shape == (2, 3, 48)
 
 
 @pytest.mark.parametrize("mapping,message", [
