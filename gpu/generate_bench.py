@@ -22,25 +22,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from source_checkout import ROOT  # noqa: E402  (the checkout's ltm, installed or not)
 
 import torch  # noqa: E402
 
-if importlib.util.find_spec("ltm.kernels") is None:
-    # a source checkout without `pip install -e .`: ltm.kernels is the kernels/ folder
-    kernels = ROOT / "kernels"
-    spec = importlib.util.spec_from_file_location("ltm.kernels", kernels / "__init__.py",
-                                                  submodule_search_locations=[str(kernels)])
-    sys.modules["ltm.kernels"] = module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
 
 from ltm.bench.model import (VARIANTS, bench_generate, bench_generate_memory,  # noqa: E402
                              bench_quantization)

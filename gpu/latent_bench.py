@@ -34,24 +34,13 @@ import functools
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import importlib.util  # noqa: E402
+from source_checkout import ROOT  # noqa: E402  (the checkout's ltm, installed or not)
 
 import torch  # noqa: E402
 
-if importlib.util.find_spec("ltm.kernels") is None:
-    # a source checkout without `pip install -e .`: ltm.kernels is the kernels/ folder
-    kernels = ROOT / "kernels"
-    spec = importlib.util.spec_from_file_location("ltm.kernels", kernels / "__init__.py",
-                                                  submodule_search_locations=[str(kernels)])
-    sys.modules["ltm.kernels"] = module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
 
 from ltm.latent import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,  # noqa: E402
                         sequence_nll, step_sizes)
