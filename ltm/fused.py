@@ -25,6 +25,7 @@ import triton.language as tl
 from torch import nn
 
 from ltm.levers import FUSED_OPS
+from ltm.losses import autocast_operands
 from ltm.params import ParamsError
 
 LIGER_OPS = ("rope", "cross_entropy")
@@ -197,11 +198,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     gradient accumulated in float32."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    elif weight.dtype != hidden.dtype:
-        weight = weight.to(hidden.dtype)
+    hidden, weight = autocast_operands(hidden, weight)
     with torch.autocast(device_type, enabled=False):
         out = LigerFusedLinearCrossEntropyFunction.apply(
             hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), None, None,

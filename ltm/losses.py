@@ -104,6 +104,18 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return dh, dw, None, None, None, None
 
 
+def autocast_operands(hidden: torch.Tensor,
+                      weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden and weight in the dtype their matmul would take under the autocast state now (the
+    autocast dtype when it is on, else hidden's): for a loss that runs its matmuls with autocast
+    off."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        return hidden.to(dtype), weight.to(dtype)
+    return hidden, weight.to(hidden.dtype)
+
+
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           chunk_rows: int | None = None, ignore_index: int = IGNORE_INDEX,
                           compile: bool = False) -> torch.Tensor:
@@ -125,11 +137,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     if targets.dtype != torch.int64:
         raise ValueError(f"targets: expected dtype torch.int64, got {targets.dtype}")
     device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    elif weight.dtype != hidden.dtype:
-        weight = weight.to(hidden.dtype)
+    hidden, weight = autocast_operands(hidden, weight)
     hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     targets = targets.reshape(-1)  # (N,)
     if chunk_rows is None:
