@@ -12,13 +12,8 @@ from ltm.params import ParamsError, from_mapping
 from ltm.train import TrainConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny shapes on a shared two-core machine: a second OpenMP thread only spins
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# one intra-op thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(n_latent: int = 2, vocab: int = 16, seed: int = 0) -> LTM:

@@ -9,13 +9,8 @@ from ltm.prior import (Denoiser, Prior, PriorConfig, gaussian_skip, latents, loa
                        make_scheduler, sample_with)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny ops on a shared two-core machine: a second spinning thread only slows them
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# one intra-op thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gaussian_eps_model(cfg: PriorConfig, mean: torch.Tensor, cov: torch.Tensor):

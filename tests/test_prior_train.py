@@ -13,12 +13,8 @@ from ltm.prior_train import PriorTrainer, model_dirs, normalisation, train_prior
 from ltm.train import TrainConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# one intra-op thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def toy_posteriors(n: int = 256, slots: int = 2, dim: int = 8) -> dict:

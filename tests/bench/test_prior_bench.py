@@ -22,12 +22,8 @@ from ltm.prior_train import prior_stage
 from ltm.report import prior_section
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# one intra-op thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_frechet_of_gaussians_has_its_closed_form():
