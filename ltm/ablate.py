@@ -95,6 +95,9 @@ class AblateConfig:
     # assignments applied to the model and train sections before the baseline is measured
     baseline: list[str] = field(default_factory=list)
     profile_steps: int = 2  # profiled steps of the baseline and the final configuration; 0 = none
+    # no new row after this many seconds (later changes: SKIPPED); null = no limit. A latent main
+    # model (16 inner steps a step) makes every row minutes long on a CPU
+    time_budget_s: float | None = 900.0
     # each entry, one or more space-separated "section.key=value", is one change
     # (the CPU default: about 800 training steps in all, some two minutes at the train stage's
     # speed on two idle cores; compile is left to the GPU list in configs/gpu.yaml, compiling
@@ -113,6 +116,8 @@ class AblateConfig:
               f"got {self.warmup}")
         for name in ("exact_tolerance", "loss_tolerance"):
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s",
+              f"must be > 0 or null, got {self.time_budget_s}")
         for key, entry in self.registry.items():
             ok = (isinstance(entry, dict) and set(entry) <= {"kind", "tolerance"}
                   and entry.get("kind") in KINDS
@@ -411,6 +416,7 @@ def ablate_stage(params_path: str | Path, metrics_path: str | Path, plot_path: s
     cfg = load_section(AblateConfig, "ablate", params_path)
     params = read_params(params_path)
     sections = {name: params.get(name) or {} for name in SWITCHABLE}
-    result = ablate(cfg, sections, cache_dir_of(params), checkpoint_dir)
+    deadline = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
+    result = ablate(cfg, sections, cache_dir_of(params), checkpoint_dir, deadline=deadline)
     write_outputs(result, metrics_path, plot_path)
     return result

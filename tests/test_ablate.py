@@ -1,5 +1,6 @@
 import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -153,6 +154,22 @@ def test_a_variant_that_cannot_run_fails_its_row_only(tiny):
     assert table.loc["model.mixer=deltanet", "verdict"] == "FAIL"
     assert "weights loaded" in table.loc["model.mixer=deltanet", "note"]
     assert table.loc["train.opt.workers=0", "verdict"] == "NO EFFECT"
+
+
+def test_a_spent_time_budget_skips_the_later_rows(tiny):
+    # the deadline is already past: the first row is not measured either, the baseline still is
+    cfg = AblateConfig(**{**QUICK, "switches": ["train.opt.fused_loss=true", "train.opt.workers=0"]})
+    result = ablate(cfg, TINY, str(tiny / "cache"), tiny / "checkpoints", timer=fake_timer,
+                    deadline=time.monotonic() - 1.0)
+    table = result.table.set_index("switch")
+    assert table.loc["baseline", "verdict"] == "BASELINE"
+    assert list(table["verdict"].iloc[1:]) == ["SKIPPED", "SKIPPED"]
+    assert (table["note"].iloc[1:] == "time budget spent").all()
+
+
+def test_time_budget_must_be_positive():
+    with pytest.raises(ParamsError, match="time_budget_s: must be > 0 or null"):
+        AblateConfig(time_budget_s=0)
 
 
 def test_stage_warm_starts_without_a_checkpoint_and_writes_outputs(tiny, tmp_path):
