@@ -25,6 +25,13 @@ B H is smallest, then the rest), and a shape is skipped once `--budget-s` is spe
 rewritten after every row, so a run cut at its limit keeps what it measured. The table, the
 geometric mean and the worst x_fla per op and pass are printed last.
 
+`--warm` (the default on a GPU) first compiles every kernel of the part in parallel: one process
+per head shape (H, D) runs ours and fla once at its first grid shape, so Triton's on-disk cache
+holds every compiled configuration before the measuring process starts. The warm processes run
+with FLA_CACHE_RESULTS=0: fla's autotuning picks made there, under the contention of seven
+processes on one GPU, are thrown away, and the measuring process re-runs fla's autotuning alone
+on the GPU (only the benchmarking of its configurations, the compilation is cached).
+
 Time on one H100 (estimate, fresh machine, empty Triton cache): fla's autotuning ~60-100 s per
 part (62 s and 32 s for its first delta-rule backward at D = 128 and 64 on 2026-11-23), our
 compilation of every configuration on the lists (~20 per head size and integer specialization
@@ -188,6 +195,57 @@ def grid_rows(ops, shapes, ceilings, deadline, emit, with_default: bool) -> None
                 emit({"section": "grid", "op": op, "shape": list(shape), "skipped": "budget spent"})
                 continue
             emit(grid_row(op, shape, ceilings, with_default))
+
+
+def head_groups(shapes) -> dict:
+    """(H, D) -> the first shape with those heads: fla's autotuning and our kernels' compilation
+    are keyed on H and D (never on B or T), so one shape per group warms the whole group."""
+    groups: dict = {}
+    for shape in shapes:
+        groups.setdefault(tuple(shape[2:]), tuple(shape))
+    return groups
+
+
+def warm_group(ops, shape: tuple) -> None:
+    """Run ours and fla once, forward and forward+backward, for each op at `shape`: the
+    compilation and autotuning of the head group, untimed (errors are the measuring run's)."""
+    for op in ops:
+        torch.manual_seed(0)
+        x = make_inputs(op, *shape, torch.bfloat16, DEVICE)
+        for fn in (ours(op), fla(op)):
+            if fn is None:
+                continue
+            for backward in (False, True):
+                try:
+                    with torch.enable_grad() if backward else torch.no_grad():
+                        out = fn(x)
+                        if backward:
+                            out.backward(torch.randn_like(out))
+                except Exception:
+                    pass
+        del x
+    sync()
+
+
+def warm_in_parallel(ops, shapes, timeout_s: float) -> dict:
+    """One `--warm-only H,D` process per head group, all at once, FLA_CACHE_RESULTS=0 (see the
+    module docstring); returns each group's exit code and seconds."""
+    import subprocess
+    env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
+    procs = {}
+    for (H, D), shape in head_groups(shapes).items():
+        cmd = [sys.executable, __file__, "--warm-only", ",".join(map(str, shape)),
+               "--only", ",".join(ops)]
+        procs[f"{H},{D}"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL), time.time())
+    done = {}
+    for key, (proc, t0) in procs.items():
+        try:
+            rc = proc.wait(timeout=max(1.0, t0 + timeout_s - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timeout"
+        done[key] = {"rc": rc, "s": round(time.time() - t0, 1)}
+    return done
 
 
 def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
@@ -374,6 +432,11 @@ def main(argv=None) -> None:
                                        "gated_delta_rule, rwkv7, decode)")
     parser.add_argument("--no-default", action="store_true",
                         help="skip the timing of our default configurations")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="skip the parallel compilation before the measurements")
+    parser.add_argument("--warm-timeout-s", type=float, default=300.0)
+    parser.add_argument("--warm-only", help="B,T,H,D: compile this shape's head group and exit "
+                                            "(the worker of the parallel warm-up)")
     parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
                         help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     args = parser.parse_args(argv)
@@ -386,6 +449,10 @@ def main(argv=None) -> None:
         ORDER = [(1, 70, 2, 32), (2, 20, 1, 64)]
         DECODE_BATCHES, DECODE_HEADS = (1, 2), ((2, 32),)
     ops = [op for op in PARTS[args.part] if not args.only or op in args.only.split(",")]
+    grid_ops = [op for op in ops if op != "decode"]
+    if args.warm_only:
+        warm_group(grid_ops, tuple(int(n) for n in args.warm_only.split(",")))
+        return
     start = time.time()
     deadline = start + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -393,6 +460,9 @@ def main(argv=None) -> None:
     path = args.out / f"{args.name}{suffix}.json"
     env = {**environment(args.commit), "part": args.part, "ops": ops}
     print(json.dumps(env), flush=True)
+    if not (args.no_warm or args.tiny) and grid_ops:
+        env["warm"] = warm_in_parallel(grid_ops, ORDER, args.warm_timeout_s)
+        print(json.dumps({"warm": env["warm"], "s": round(time.time() - start, 1)}), flush=True)
     ceilings = measure_ceilings(DEVICE, 25, 100)
     print(json.dumps(ceilings), flush=True)
     rows: list = []
@@ -402,7 +472,6 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
         path.write_text(json.dumps(record(env, ceilings, rows, time.time() - start), indent=1))
 
-    grid_ops = [op for op in ops if op != "decode"]
     grid_rows(grid_ops, ORDER, ceilings, deadline - DECODE_S * ("decode" in ops), emit, not args.no_default)
     if "decode" in ops:
         decode_rows(ceilings, deadline, emit)
