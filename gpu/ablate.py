@@ -18,22 +18,18 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from source_checkout import commit  # noqa: E402  (the checkout's ltm, installed or not)
 
 from ltm.ablate import SWITCHABLE, AblateConfig, ablate, write_outputs
 from ltm.cache import cache_dir_of
 from ltm.levers import resolve_data
 from ltm.params import ParamsError, apply_override, from_mapping, read_params
 
-
-def commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or None
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ if not torch.cuda.is_available():  # before any Triton kernel is defined
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpt2_baseline  # noqa: E402
+from source_checkout import commit  # noqa: E402
 
 from ltm.ablate import SWITCHABLE, AblateConfig, ablate, apply_switch  # noqa: E402
 from ltm.cache import cache_dir_of  # noqa: E402
@@ -55,10 +55,6 @@ TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "
               "train.opt.pin_memory=false", "ablate.warm_start_steps=2", "ablate.warmup=1",
               "ablate.steps=1", "ablate.repeats=2", "ablate.val_sequences=2"]
 
-
-def commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or None
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
 
-from source_checkout import ROOT  # noqa: E402  (the checkout's ltm, installed or not)
+from source_checkout import ROOT, commit  # noqa: E402  (the checkout's ltm, installed or not)
 
 import torch  # noqa: E402
 
@@ -147,10 +146,8 @@ def main() -> None:
           f"{trained['train_loss_last']:.4f} in {trained['seconds_this_run']:.1f} s", flush=True)
     (folder / MODELS_FILE).write_text(json.dumps({"latent": SUBFOLDERS[LATENT], "plain": "."}))
     rows, summary = bench_prior(PriorBench(**bench_kw), root, device)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
     record = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "commit": commit,
+              "torch": torch.__version__, "commit": commit(),
               "data": "cache " + args.cache_dir if args.cache_dir else "random tokens",
               "train_steps": steps, "prior_train": trained, "summary": summary, "rows": rows,
               "seconds": round(time.perf_counter() - start, 1)}

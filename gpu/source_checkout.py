@@ -7,6 +7,8 @@ pyproject.toml maps it for an install). Importing this module does it:
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,3 +22,10 @@ if importlib.util.find_spec("ltm.kernels") is None:
                                                    submodule_search_locations=[str(_kernels)])
     sys.modules["ltm.kernels"] = _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
+
+
+def commit() -> str | None:
+    """The commit measured: LTM_COMMIT when set (a copy of the tree without its own .git, whose
+    parent repository's HEAD may be another commit), else this checkout's HEAD."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return os.environ.get("LTM_COMMIT") or done.stdout.strip() or None
