@@ -234,8 +234,9 @@ def warm_in_parallel(ops, shapes, timeout_s: float) -> dict:
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
     procs = {}
     for (H, D), shape in head_groups(shapes).items():
+        # --part all: the worker's default part would filter RWKV-7 out of --only
         cmd = [sys.executable, __file__, "--warm-only", ",".join(map(str, shape)),
-               "--only", ",".join(ops)]
+               "--part", "all", "--only", ",".join(ops)]
         procs[f"{H},{D}"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL), time.time())
     done = {}
     for key, (proc, t0) in procs.items():

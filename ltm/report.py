@@ -227,7 +227,9 @@ def prior_section(metrics_dir: Path, plots_dir: Path) -> Section:
             f"the Frechet distance on their top {metrics.get('pca_dims', '?')} principal axes; "
             "noise: jackknife standard errors. Generative perplexity: the generated tokens' NLL "
             "under the train stage's plain LM (its own samples included, for reference); token "
-            "entropy: of each sequence's token frequencies (low = repetition).")
+            "entropy: of each sequence's token frequencies (low = repetition). N(mean, std) fit: "
+            "the training posteriors' per-dimension Gaussian, what the prior's normalisation alone "
+            "gives; the denoiser earns only its lead over that row.")
     return Section(title, tables, [prior_figure(table)], note)
 
 

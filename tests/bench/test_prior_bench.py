@@ -172,13 +172,14 @@ def test_the_train_stage_trains_a_prior_and_the_benchmark_measures_it(stage):
     labels = list(table["source"] + " " + table["sampler"] + " " + table["evaluations"].astype(str))
     assert labels[:3] == ["prior DDPM (ancestral) 50.0", "prior DPM-Solver++ 2.0",
                           "prior DPM-Solver++ 5.0"]
-    assert set(table["source"]) >= {"N(0, I) x0.5", "N(0, I) x1", "plain LM", "held-out text",
+    assert set(table["source"]) >= {"N(0, I) x0.5", "N(0, I) x1", "N(mean, std) fit", "plain LM",
+                                    "held-out text",
                                     "posterior (held-out)", "posterior (train split)"}
     z_rows = table[table["sampler"] != "data"].iloc[:-1]
     assert z_rows[["mmd2", "mmd2_noise", "fd_pca", "gen_ppl", "token_entropy"]].notna().all().all()
     assert metrics["reference_samples"] == 16
     assert set(metrics["by_source"]) >= {"prior DDPM 50", "prior DPM-Solver++ 5", "plain LM"}
-    assert "prior_beats_best_gaussian" in metrics
+    assert "prior_beats_best_gaussian" in metrics and "prior_beats_diagonal_fit" in metrics
     section = prior_section(stage, stage)
     assert len(section.figures) == 1 and len(section.tables) == 2
 
@@ -189,3 +190,19 @@ def test_without_a_prior_the_benchmark_writes_a_header_and_says_why(tmp_path, st
     assert table.empty and "no trained prior" in metrics["skipped"]
     assert (tmp_path / "prior.csv").read_text().startswith("source,sampler,evaluations")
     assert "No prior results: no trained prior" in prior_section(tmp_path, tmp_path).note
+
+
+def test_the_diagonal_fit_draws_the_normalisation_gaussian():
+    # the baseline that tells the prior's network from its normalisation: z ~ N(mean, std^2)
+    from types import SimpleNamespace
+
+    from ltm.bench.prior import DIAGONAL_FIT, PriorBench, _z_sources
+    mean, std = torch.randn(3, 8), torch.rand(3, 8) + 0.5
+    prior = SimpleNamespace(mean=mean, std=std, denoiser=SimpleNamespace(slots=3, dim=8))
+    cfg = PriorBench(samples=4000, eval_steps=[5], scales=[1.0])
+    (draw,) = [d for head, d, _ in _z_sources(cfg, prior, {}, 0) if head["source"] == DIAGONAL_FIT]
+    z = draw()
+    assert z.shape == (4000, 3, 8)
+    # 4000 draws: the standard error of a mean is std / 63, of a std about std / 89
+    assert torch.allclose(z.mean(0), mean, atol=4 * 1.5 / 63)
+    assert torch.allclose(z.std(0) / std, torch.ones(3, 8), atol=0.06)
