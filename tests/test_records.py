@@ -21,3 +21,42 @@ def test_a_file_that_is_no_record_is_named(tmp_path, text):
     (tmp_path / "x.json").write_text(text)
     with pytest.raises(ValueError, match=r"x\.json: not a training record \("):
         read_records(tmp_path, "runs", "training")
+
+
+def _grid_record(ops_ms: dict, commit: str) -> dict:
+    """A kernel_grid.py record: per (op, shape) ours and fla ms, forward only, floor 0.1 ms."""
+    rows = []
+    for (op, shape), (ours, fla) in ops_ms.items():
+        for impl, ms in (("triton", ours), ("fla", fla)):
+            rows.append({"op": op, "impl": impl, "B": shape[0], "T": shape[1], "H": shape[2],
+                         "D": shape[3], "pass": "fwd", "ms": ms, "floor_ms": 0.1,
+                         "x_floor": None if ms is None else ms / 0.1})
+    return {"device": "GPU", "commit": commit, "grid": [], "rows": rows}
+
+
+def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_path):
+    from ltm.records import grid_summary, latest_grid
+    a, b = (1, 512, 2, 64), (4, 256, 8, 128)
+    (tmp_path / "kernel-grid-1.json").write_text(json.dumps(_grid_record(
+        {("delta_rule", a): (1.0, 2.0), ("rwkv7", a): (1.0, 3.0)}, "aaaaaaaaa")))
+    # the later file re-measured delta_rule only: rwkv7 stays from the first
+    (tmp_path / "kernel-grid-2.json").write_text(json.dumps(_grid_record(
+        {("delta_rule", a): (2.0, 1.0), ("delta_rule", b): (1.0, 4.0)}, "bbbbbbbbb")))
+    # a kernel benchmark record without a grid is history only
+    (tmp_path / "kernels.json").write_text(json.dumps({"device": "GPU", "rows": []}))
+    grid = latest_grid(tmp_path).set_index(["op", "B"])
+    assert grid.loc[("delta_rule", 1), "x_fla"] == 0.5 and grid.loc[("delta_rule", 1), "commit"] == "bbbbbbb"
+    assert grid.loc[("rwkv7", 1), "x_fla"] == 3.0 and grid.loc[("rwkv7", 1), "record"] == "kernel-grid-1.json"
+    summary = grid_summary(latest_grid(tmp_path)).set_index("op")
+    assert summary.loc["delta_rule", "geomean_x_fla"] == pytest.approx(2 ** 0.5)  # sqrt(0.5 * 4)
+    assert summary.loc["delta_rule", "worst_x_fla"] == 0.5
+    assert summary.loc["delta_rule", "worst_shape"] == "1,512,2,64"
+    assert summary.loc["delta_rule", "worst_ours_x_floor"] == pytest.approx(20.0)
+
+
+def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
+    from ltm.records import grid_summary, latest_grid
+    (tmp_path / "g.json").write_text(json.dumps(_grid_record(
+        {("gated_delta_rule", (1, 512, 2, 64)): (1.0, None)}, "c")))
+    summary = grid_summary(latest_grid(tmp_path)).iloc[0]
+    assert summary["with_fla"] == 0 and summary["geomean_x_fla"] is None
