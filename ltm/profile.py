@@ -98,6 +98,10 @@ class Runner:
 
     def step(self) -> None:
         self.use_precision()
+        # a latent model's inner loop draws its noise from the global generator, and the runners'
+        # blocks alternate: seeded by the step index, step k draws the same noise in every runner
+        # (else an exact switch of a latent model moves the score and FAILs)
+        torch.manual_seed(self.trainer.cfg.seed * 1_000_003 + self.trainer.step)
         self.trainer.train_step(self.batches, {"data_wait": 0.0})
 
     def use_precision(self) -> None:

@@ -156,6 +156,17 @@ def test_a_variant_that_cannot_run_fails_its_row_only(tiny):
     assert table.loc["train.opt.workers=0", "verdict"] == "NO EFFECT"
 
 
+def test_an_exact_switch_of_a_latent_model_keeps_the_score_to_the_last_digit(tiny):
+    # the inner loop draws noise at every training step: both runners must draw the same
+    latent = {"model": {**TINY["model"], "n_latent": 2},
+              "train": {**TINY["train"], "counterpart": {"enabled": False},
+                        "latent": {"steps": 2, "eval_steps": [2], "eval_batches": 1}}}
+    cfg = AblateConfig(**{**QUICK, "warm_start_steps": 5, "switches": ["train.opt.workers=0"]})
+    result = ablate(cfg, latent, str(tiny / "cache"), None, timer=fake_timer)
+    row = result.table.set_index("switch").loc["train.opt.workers=0"]
+    assert row["delta_val_loss"] == 0.0 and row["verdict"] == "NO EFFECT"
+
+
 def test_a_spent_time_budget_skips_the_later_rows(tiny):
     # the deadline is already past: the first row is not measured either, the baseline still is
     cfg = AblateConfig(**{**QUICK, "switches": ["train.opt.fused_loss=true", "train.opt.workers=0"]})
