@@ -177,6 +177,20 @@ def test_latents_are_used_and_checked():
         tiny(MIXERS["attention"])(idx, z=z)
 
 
+def test_a_global_scale_of_the_latents_does_not_reach_the_decoder():
+    # each latent is RMS-normalised before its cross-attention: z and 0.5 z give the same logits
+    # (up to the norm's eps), so samples.latent_scale and the prior benchmark's N(0, I) scales
+    # change the text only through eps. A model without that norm fails here: then the docs of
+    # samples.latent_scale are wrong.
+    seed = new_seed()
+    model = tiny(MIXERS["attention"], n_latent=2)
+    idx = torch.randint(0, VOCAB, (2, 7))
+    z = latents(model, 2)
+    full, _ = model(idx, z=z)
+    half, _ = model(idx, z=0.5 * z)
+    assert rel_err(full, half) < 1e-4, f"seed={seed}"
+
+
 def test_forward_is_tied_head_on_hidden_and_loss_ignores_the_ignore_index():
     seed = new_seed()
     model = tiny(MIXERS["deltanet"], n_latent=1)
