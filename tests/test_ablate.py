@@ -165,6 +165,17 @@ def test_an_exact_switch_of_a_latent_model_keeps_the_score_to_the_last_digit(tin
     result = ablate(cfg, latent, str(tiny / "cache"), None, timer=fake_timer)
     row = result.table.set_index("switch").loc["train.opt.workers=0"]
     assert row["delta_val_loss"] == 0.0 and row["verdict"] == "NO EFFECT"
+    # the rounding probe: a nudge of one float32 step per weight moves a latent model's score
+    # (through the inner loop); exact switches are allowed rounding_factor (3) x that, never less
+    probe = result.info["rounding_probe"]
+    assert probe is not None and probe > 0
+    assert row["tolerance"] == max(QUICK.get("exact_tolerance", 0.001), 3 * probe)
+
+
+def test_a_plain_model_has_no_rounding_probe(tiny):
+    result = run(tiny, ["train.opt.workers=0"])
+    assert result.info["rounding_probe"] is None
+    assert result.table.set_index("switch").loc["train.opt.workers=0", "tolerance"] == 0.001
 
 
 def test_a_spent_time_budget_skips_the_later_rows(tiny):
