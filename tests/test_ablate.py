@@ -1,5 +1,4 @@
 import json
-import math
 import time
 
 import numpy as np
@@ -7,8 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from ltm.ablate import (AblateConfig, Measurement, ablate, ablate_stage, apply_switch,
-                        describe_change, verdict)
+from ltm.ablate import AblateConfig, ablate, ablate_stage, apply_switch, describe_change
 from ltm.cache import DataConfig, build_cache
 from ltm.figures import ablate_figure, profile_figure
 from ltm.params import ParamsError, from_mapping
@@ -55,21 +53,6 @@ def test_each_switch_declares_its_kind_and_tolerance():
 def test_a_bad_registry_entry_is_a_one_line_error():
     with pytest.raises(ParamsError, match=r"ablate.registry.model.x: expected \{kind"):
         from_mapping(AblateConfig, {"registry": {"model.x": {"kind": "maybe"}}}, "ablate")
-
-
-def _m(low: float, high: float, loss: float = 3.0) -> Measurement:
-    return Measurement(step_s=(low + high) / 2, low_s=low, high_s=high, val_loss=loss)
-
-
-@pytest.mark.parametrize("cand, expected", [
-    (_m(0.5, 0.6), "PASS"),  # faster beyond both spreads
-    (_m(0.8, 1.05), "NO EFFECT"),  # faster, but inside the spread
-    (_m(1.2, 1.3), "SLOWER"),
-    (_m(0.5, 0.6, loss=3.2), "FAIL"),  # fast, but the quality moved
-    (_m(0.5, 0.6, loss=math.nan), "FAIL"),
-])
-def test_verdicts(cand, expected):
-    assert verdict(_m(0.9, 1.1), cand, tolerance=0.1) == expected
 
 
 @pytest.fixture(scope="module")
