@@ -21,14 +21,13 @@ def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, di
     return records
 
 
-def latest_grid(folder: str | Path):
+
+def latest_grid(folder: str | Path) -> list[dict]:
     """The kernel-grid records in `folder` (`gpu/kernel_grid.py`, one file per part and run) as one
     table, op by op from the last file by name that measured the op (a later run replaces an
-    earlier one, a cut part does not hide the part it did not reach): one row per (op, B, T, H,
-    D, pass) with ours and fla in ms and over the floor, x_fla (fla ms / ours ms), and the device,
-    commit and file of the measurement."""
-    import pandas as pd
-
+    earlier one, a cut part does not hide the part it did not reach): the rows of
+    `ltm.bench.kernels.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
+    the floor, x_fla = fla ms / ours ms) with the device, commit and file of the measurement."""
     from ltm.bench.kernels import grid_table
 
     latest: dict[str, tuple[Path, dict]] = {}
@@ -40,23 +39,4 @@ def latest_grid(folder: str | Path):
         for row in grid_table([r for r in record["rows"] if r["op"] == op]):
             rows.append({**row, "device": record["device"],
                          "commit": (record.get("commit") or "")[:7], "record": path.name})
-    return pd.DataFrame(rows)
-
-
-def grid_summary(grid):
-    """Per op and pass of `latest_grid`: the shapes, how many have an fla time, the geometric mean
-    and the worst x_fla with its shape, and the worst ratio of ours to the floor."""
-    import numpy as np
-    import pandas as pd
-
-    out = []
-    for (op, pass_), rows in grid.groupby(["op", "pass"], sort=False):
-        timed = rows[rows["x_fla"].notna()]
-        worst = timed.loc[timed["x_fla"].idxmin()] if len(timed) else None
-        out.append({"op": op, "pass": pass_, "shapes": len(rows), "with_fla": len(timed),
-                    "geomean_x_fla": float(np.exp(np.log(timed["x_fla"]).mean())) if len(timed) else None,
-                    "worst_x_fla": None if worst is None else float(worst["x_fla"]),
-                    "worst_shape": None if worst is None else
-                    f"{worst['B']},{worst['T']},{worst['H']},{worst['D']}",
-                    "worst_ours_x_floor": float(rows["ours_x_floor"].max())})
-    return pd.DataFrame(out)
+    return rows

@@ -22,10 +22,11 @@ import torch
 from matplotlib.figure import Figure
 
 from ltm import compare
+from ltm.bench.kernels import grid_summary
 from ltm.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
                          latent_figure, loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import load_section, read_params
-from ltm.records import grid_summary, latest_grid, read_records
+from ltm.records import latest_grid, read_records
 
 
 @dataclass
@@ -291,13 +292,15 @@ def kernel_history_section(folder: Path) -> Section:
         return Section(title, [], [], f"No kernel benchmark records in {folder}.")
     note = ("Measured on the devices and at the commits named, kept in git because the CPU "
             "pipeline cannot rerun them: history, not measurements of this commit.")
-    grid = latest_grid(folder)
-    if grid.empty:
+    rows = latest_grid(folder)
+    if not rows:
         return Section(title, [table], [], note)
+    grid = pd.DataFrame(rows)
     note += (" Above: the shape grid of the newest kernel-grid record per op, x_fla = fla ms / "
              "ours ms (above 1, ours is faster; per op and pass the geometric mean and the worst "
              "shape), and time over the floor per shape (figure). Below: every recorded row.")
-    return Section(title, [grid_summary(grid), grid, table], [kernel_grid_figure(grid)], note)
+    return Section(title, [pd.DataFrame(grid_summary(rows)), grid, table],
+                   [kernel_grid_figure(grid)], note)
 
 
 def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -1,5 +1,6 @@
 import json
 
+import pandas as pd
 import pytest
 
 from ltm.records import read_records
@@ -35,7 +36,8 @@ def _grid_record(ops_ms: dict, commit: str) -> dict:
 
 
 def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_path):
-    from ltm.records import grid_summary, latest_grid
+    from ltm.bench.kernels import grid_summary
+    from ltm.records import latest_grid
     a, b = (1, 512, 2, 64), (4, 256, 8, 128)
     (tmp_path / "kernel-grid-1.json").write_text(json.dumps(_grid_record(
         {("delta_rule", a): (1.0, 2.0), ("rwkv7", a): (1.0, 3.0)}, "aaaaaaaaa")))
@@ -44,10 +46,10 @@ def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_pat
         {("delta_rule", a): (2.0, 1.0), ("delta_rule", b): (1.0, 4.0)}, "bbbbbbbbb")))
     # a kernel benchmark record without a grid is history only
     (tmp_path / "kernels.json").write_text(json.dumps({"device": "GPU", "rows": []}))
-    grid = latest_grid(tmp_path).set_index(["op", "B"])
+    grid = pd.DataFrame(latest_grid(tmp_path)).set_index(["op", "B"])
     assert grid.loc[("delta_rule", 1), "x_fla"] == 0.5 and grid.loc[("delta_rule", 1), "commit"] == "bbbbbbb"
     assert grid.loc[("rwkv7", 1), "x_fla"] == 3.0 and grid.loc[("rwkv7", 1), "record"] == "kernel-grid-1.json"
-    summary = grid_summary(latest_grid(tmp_path)).set_index("op")
+    summary = pd.DataFrame(grid_summary(latest_grid(tmp_path))).set_index("op")
     assert summary.loc["delta_rule", "geomean_x_fla"] == pytest.approx(2 ** 0.5)  # sqrt(0.5 * 4)
     assert summary.loc["delta_rule", "worst_x_fla"] == 0.5
     assert summary.loc["delta_rule", "worst_shape"] == "1,512,2,64"
@@ -55,8 +57,9 @@ def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_pat
 
 
 def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
-    from ltm.records import grid_summary, latest_grid
+    from ltm.bench.kernels import grid_summary
+    from ltm.records import latest_grid
     (tmp_path / "g.json").write_text(json.dumps(_grid_record(
         {("gated_delta_rule", (1, 512, 2, 64)): (1.0, None)}, "c")))
-    summary = grid_summary(latest_grid(tmp_path)).iloc[0]
+    (summary,) = grid_summary(latest_grid(tmp_path))
     assert summary["with_fla"] == 0 and summary["geomean_x_fla"] is None

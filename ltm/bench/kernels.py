@@ -341,21 +341,36 @@ def format_grid(table: list[dict]) -> str:
         lines.append(f"{r['op']:17} {shape:17} {r['pass']:8} {f(r.get('ours_ms'), '9.3f'):>9} "
                      f"{f(r.get('fla_ms'), '9.3f'):>9} {f(r['x_fla'], '.2f'):>6} "
                      f"{f(r.get('ours_x_floor'), '.1f'):>10} {f(r.get('fla_x_floor'), '.1f'):>9}")
-    for (op, pass_), ratios in _group_x_fla(table).items():
-        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
-        worst, at = min(ratios)
-        lines.append(f"{op} {pass_}: {len(ratios)} shapes, geometric mean x_fla {geo:.2f}, "
-                     f"worst {worst:.2f} at {at}")
+    for s in grid_summary(table):
+        if s["with_fla"]:
+            lines.append(f"{s['op']} {s['pass']}: {s['with_fla']} shapes, geometric mean x_fla "
+                         f"{s['geomean_x_fla']:.2f}, worst {s['worst_x_fla']:.2f} at {s['worst_shape']}")
     return "\n".join(lines)
 
 
-def _group_x_fla(table: list[dict]) -> dict[tuple, list]:
-    groups: dict[tuple, list] = {}
+def grid_summary(table: list[dict]) -> list[dict]:
+    """Per op and pass of `grid_table` rows: the shapes, how many have an fla time, the geometric
+    mean and the worst x_fla with its shape (None without fla times), and the worst ratio of
+    ours to the floor."""
+    groups: dict[tuple, dict] = {}
     for r in table:
+        g = groups.setdefault((r["op"], r["pass"]), {"op": r["op"], "pass": r["pass"], "shapes": 0,
+                                                      "ratios": [], "floors": []})
+        g["shapes"] += 1
+        if r.get("ours_x_floor") is not None:
+            g["floors"].append(r["ours_x_floor"])
         if r["x_fla"]:
-            groups.setdefault((r["op"], r["pass"]), []).append(
-                (r["x_fla"], f"{r['B']},{r['T']},{r['H']},{r['D']}"))
-    return groups
+            g["ratios"].append((r["x_fla"], f"{r['B']},{r['T']},{r['H']},{r['D']}"))
+    out = []
+    for g in groups.values():
+        ratios, floors = g.pop("ratios"), g.pop("floors")
+        worst, at = min(ratios) if ratios else (None, None)
+        out.append({**g, "with_fla": len(ratios),
+                    "geomean_x_fla": math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+                    if ratios else None,
+                    "worst_x_fla": worst, "worst_shape": at,
+                    "worst_ours_x_floor": max(floors, default=None)})
+    return out
 
 
 def environment() -> dict:
