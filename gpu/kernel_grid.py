@@ -25,7 +25,7 @@ B H is smallest, then the rest), and a shape is skipped once `--budget-s` is spe
 rewritten after every row, so a run cut at its limit keeps what it measured. The table, the
 geometric mean and the worst x_fla per op and pass are printed last.
 
-`--warm` (the default on a GPU) first compiles every kernel of the part in parallel: one process
+On a GPU (unless --no-warm) the script first compiles every kernel of the part in parallel: one process
 per head shape (H, D) runs ours and fla once at its first grid shape, so Triton's on-disk cache
 holds every compiled configuration before the measuring process starts. The warm processes run
 with FLA_CACHE_RESULTS=0: fla's autotuning picks made there, under the contention of seven
@@ -452,6 +452,8 @@ def main(argv=None) -> None:
     ops = [op for op in PARTS[args.part] if not args.only or op in args.only.split(",")]
     grid_ops = [op for op in ops if op != "decode"]
     if args.warm_only:
+        if not grid_ops:  # a worker that warms nothing would leave the tuning to the measurement
+            raise SystemExit(f"--warm-only: no grid op in --part {args.part} --only {args.only}")
         warm_group(grid_ops, tuple(int(n) for n in args.warm_only.split(",")))
         return
     start = time.time()
