@@ -13,7 +13,10 @@ DPMSolverMultistepScheduler (DPM-Solver++, multistep) for sampling in 5-50 evalu
     z = latents(model, "prior", 16, prior=prior)            # or "gaussian" (scale), "prompt"
 
 The denoiser works on normalised z, (z - mean) / std per dimension over the training
-posteriors (normalize), so that one noise schedule fits whatever scale the posteriors have.
+posteriors (normalize), so that one noise schedule fits whatever scale the posteriors have, then
+whitened along the posteriors' top `whiten_rank` principal directions: the coordinates in which
+their low-rank + diagonal Gaussian fit is N(0, I). The denoiser's Gaussian skip makes that fit
+what an untrained prior samples; the network learns only what the fit misses.
 """
 from __future__ import annotations
 
@@ -76,6 +79,10 @@ class PriorConfig:
     heldout_sequences: int = 256  # validation sequences, for the benchmark's z-distance
     fit_batch: int = 32
     normalize: bool = True  # per-dimension mean and std of the training posteriors
+    # ... and the whitening of their top principal directions (0: per dimension only). The
+    # posteriors vary together along a few directions (held-out |correlation| up to 0.8) that a
+    # per-dimension normalisation leaves to the network; fitting them here costs one SVD
+    whiten_rank: int = 16
     # the noise schedule (diffusers' DDPMScheduler), also the solvers'
     train_timesteps: int = 1000
     beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "linear"
@@ -95,8 +102,11 @@ class PriorConfig:
         check(self.width % self.n_heads == 0, "n_heads",
               f"must divide width {self.width}, got {self.n_heads}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        for name in ("warmup_steps", "checkpoint_every", "weight_decay", "grad_clip"):
+        for name in ("warmup_steps", "checkpoint_every", "weight_decay", "grad_clip",
+                     "whiten_rank"):
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.whiten_rank < self.train_sequences, "whiten_rank",
+              f"must be below train_sequences {self.train_sequences}, got {self.whiten_rank}")
         check(0 <= self.ema < 1, "ema", f"must be in [0, 1), got {self.ema}")
         check(self.train_timesteps >= 2, "train_timesteps",
               f"must be >= 2, got {self.train_timesteps}")
@@ -159,7 +169,8 @@ class Denoiser(nn.Module):
     sqrt(1 - alpha_bar_t) * x_t to the output: the exact noise predictor for data of mean 0 and
     unit variance in every direction, which normalised z is to first order. The network learns
     only what differs from that Gaussian, and the untrained denoiser (its output layer starts at
-    zero) already samples N(0, I) in normalised coordinates, i.e. N(mean, std^2) for z. For v
+    zero) already samples N(0, I) in normalised coordinates, i.e. the normalisation's Gaussian
+    fit for z (Prior.decode of N(0, I)). For v
     prediction the Gaussian's predictor is 0: no skip."""
 
     def __init__(self, slots: int, dim: int, cfg: PriorConfig,
@@ -248,6 +259,17 @@ def sample_with(eps_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     return x
 
 
+def whiten(x: torch.Tensor, basis: torch.Tensor | None, gain: torch.Tensor | None,
+           inverse: bool = False) -> torch.Tensor:
+    """x (B, slots, dim) with its components along the orthonormal rows of basis (k, slots * dim)
+    divided by gain (k,), their standard deviations (inverse: multiplied); None: x itself."""
+    if basis is None or len(basis) == 0:
+        return x
+    flat = x.flatten(1)  # (B, slots * dim)
+    factor = gain - 1 if inverse else 1 / gain - 1  # (k,)
+    return (flat + ((flat @ basis.t()) * factor) @ basis).view(x.shape)
+
+
 @dataclass
 class Prior:
     """A trained prior: its denoiser (the averaged weights), the normalisation of z and the
@@ -257,10 +279,20 @@ class Prior:
     cfg: PriorConfig
     mean: torch.Tensor  # (slots, dim)
     std: torch.Tensor   # (slots, dim)
+    basis: torch.Tensor | None = None  # (k, slots * dim): the whitened directions
+    gain: torch.Tensor | None = None   # (k,): their standard deviations after mean and std
 
     @property
     def device(self) -> torch.device:
         return self.mean.device
+
+    def encode(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B, slots, dim) -> the denoiser's coordinates."""
+        return whiten((z - self.mean) / self.std, self.basis, self.gain)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """The denoiser's coordinates (B, slots, dim) -> z."""
+        return whiten(x, self.basis, self.gain, inverse=True) * self.std + self.mean
 
     def sample(self, n: int, steps: int | None = None, sampler: str = "dpmsolver++",
                generator: torch.Generator | None = None) -> torch.Tensor:
@@ -268,7 +300,7 @@ class Prior:
         self.denoiser.eval()
         x = sample_with(self.denoiser, self.cfg, (n, self.denoiser.slots, self.denoiser.dim),
                         steps or self.cfg.sample_steps, sampler, self.device, generator)
-        return x * self.std + self.mean
+        return self.decode(x)
 
 
 def load_prior(folder: str | Path, device: torch.device | str = "cpu") -> Prior:
@@ -285,8 +317,9 @@ def load_prior(folder: str | Path, device: torch.device | str = "cpu") -> Prior:
     slots, dim = saved["mean"].shape
     denoiser = Denoiser(slots, dim, cfg, gaussian_skip(cfg))
     denoiser.load_state_dict(saved["ema"] if saved.get("ema") is not None else saved["model"])
+    basis, gain = (None if saved.get(k) is None else saved[k].to(device) for k in ("basis", "gain"))
     return Prior(denoiser.to(device).eval(), cfg, saved["mean"].to(device),
-                 saved["std"].to(device))
+                 saved["std"].to(device), basis, gain)
 
 
 def latents(model: LTM, how: Literal["prior", "gaussian", "prompt"], n: int,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ltm import checkpoint as ckpt
 from ltm.prior import (MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PRIOR_FILE, Denoiser, Prior,
                        PriorConfig, gaussian_skip, make_scheduler)
+from ltm.params import ParamsError
 
 # prior keys that may change between a run and its resumption: they do not change the weights
 # of the steps already taken
@@ -143,6 +144,26 @@ def normalisation(mu: torch.Tensor, log_var: torch.Tensor, normalize: bool
     return mean, var.clamp(min=1e-12).sqrt()
 
 
+def principal_whitening(mu: torch.Tensor, log_var: torch.Tensor, mean: torch.Tensor,
+                        std: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top `rank` principal directions (rank, slots * dim), orthonormal, of the posterior
+    means (N, slots, dim) after the per-dimension normalisation, and their standard deviations
+    (rank,) under the posteriors' mixture (the means' spread plus the mean sigma^2 along each).
+    From the N x N Gram matrix: N posteriors are far fewer than slots * dim numbers."""
+    n = len(mu)
+    if rank >= n:
+        raise ParamsError(f"prior.whiten_rank: must be below the {n} training posteriors "
+                          f"(prior.train_sequences), got {rank}")
+    centred = ((mu - mean) / std).flatten(1).double()  # (N, d)
+    gram_values, gram_vectors = torch.linalg.eigh(centred @ centred.t() / n)  # ascending
+    values, vectors = gram_values.flip(0)[:rank], gram_vectors.flip(1)[:, :rank]  # (rank,), (N, rank)
+    basis = (centred.t() @ vectors / (n * values.clamp(min=1e-12)).sqrt()).t()  # (rank, d)
+    basis = basis / basis.norm(dim=1, keepdim=True)
+    spread = (log_var.exp() / std.square()).flatten(1).double().mean(0)  # (d,) mean sigma^2
+    gain = (values + basis.square() @ spread).clamp(min=1e-12).sqrt()
+    return basis.float(), gain.float()
+
+
 def denoising_loss(denoiser: Denoiser, scheduler, cfg: PriorConfig, x0: torch.Tensor,
                    noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Mean squared error of the denoiser's prediction (eps or v) of x_t, (B, slots, dim) each."""
@@ -160,7 +181,11 @@ class PriorTrainer:
         self.cfg, self.device, self.say = cfg, torch.device(device), say
         self.mu, self.sigma = mu.to(self.device), torch.exp(0.5 * log_var).to(self.device)
         self.mean, self.std = normalisation(mu, log_var, cfg.normalize)
-        self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
+        basis, gain = (principal_whitening(mu, log_var, self.mean, self.std, cfg.whiten_rank)
+                       if cfg.whiten_rank else (None, None))
+        self.normaliser = Prior(None, cfg, self.mean.to(self.device), self.std.to(self.device),
+                                *(None if v is None else v.to(self.device) for v in (basis, gain)))
+        self.mean, self.std = self.normaliser.mean, self.normaliser.std
         self.path = None if folder is None else Path(folder) / PRIOR_FILE
         self.scheduler = make_scheduler(cfg, "ddpm")
         with torch.random.fork_rng(devices=[]):
@@ -205,6 +230,8 @@ class PriorTrainer:
             "ema": None if self.ema is None else self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
             "losses": self.losses, "mean": self.mean.cpu(), "std": self.std.cpu(),
+            **{k: None if v is None else v.cpu() for k, v in
+               (("basis", self.normaliser.basis), ("gain", self.normaliser.gain))},
             "prior_cfg": dataclasses.asdict(self.cfg), "fingerprint": self.fingerprint,
             "metrics": metrics})
 
@@ -218,7 +245,7 @@ class PriorTrainer:
         t = torch.randint(self.cfg.train_timesteps, (self.cfg.batch_size,), generator=self.generator)
         rows, eps, noise, t = (v.to(self.device) for v in (rows, eps, noise, t))
         z = self.mu[rows] + self.sigma[rows] * eps
-        return (z - self.mean) / self.std, noise, t
+        return self.normaliser.encode(z), noise, t
 
     def train_step(self) -> float:
         cfg = self.cfg
@@ -246,7 +273,7 @@ class PriorTrainer:
             if every and self.step % every == 0 and self.step < self.cfg.steps:
                 self.save()
         sampled = self.ema if self.ema is not None else self.model
-        return Prior(sampled.eval(), self.cfg, self.mean, self.std)
+        return dataclasses.replace(self.normaliser, denoiser=sampled.eval())
 
 
 @torch.no_grad()
@@ -256,7 +283,7 @@ def eval_loss(prior: Prior, mu: torch.Tensor, log_var: torch.Tensor, seed: int) 
     generator = torch.Generator().manual_seed(seed)
     eps = torch.randn(mu.shape, generator=generator)
     z = mu + torch.exp(0.5 * log_var) * eps
-    x0 = ((z.to(prior.device) - prior.mean) / prior.std).repeat(EVAL_DRAWS, 1, 1)
+    x0 = prior.encode(z.to(prior.device)).repeat(EVAL_DRAWS, 1, 1)
     noise = torch.randn(x0.shape, generator=generator).to(prior.device)
     t = torch.randint(prior.cfg.train_timesteps, (len(x0),), generator=generator).to(prior.device)
     scheduler = make_scheduler(prior.cfg, "ddpm")

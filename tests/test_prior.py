@@ -1,11 +1,13 @@
 """The diffusion prior over latent thoughts (ltm.prior): the solvers against an exact Gaussian,
 the denoiser's Gaussian start, the three ways to draw z, and one-line errors."""
+import dataclasses
+
 import pytest
 import torch
 
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping
-from ltm.prior import (Denoiser, Prior, PriorConfig, gaussian_skip, latents, load_prior,
+from ltm.prior import (Denoiser, Prior, PriorConfig, gaussian_skip, latents, load_prior, whiten,
                        make_scheduler, sample_with)
 
 
@@ -116,6 +118,8 @@ def test_the_denoiser_is_shaped_like_z_and_its_patch_divides_d_model():
     ({"prediction_type": "sample"}, "prior.prediction_type: expected 'epsilon' or 'v_prediction'"),
     ({"sample_steps": 2000}, "prior.sample_steps: must be <= train_timesteps"),
     ({"patch": 0}, "prior.patch: must be >= 1"),
+    ({"whiten_rank": -1}, "prior.whiten_rank: must be >= 0"),
+    ({"whiten_rank": 384}, "prior.whiten_rank: must be below train_sequences 384"),
     ({"stesp": 3}, "prior.stesp: unknown parameter"),
 ])
 def test_bad_params_are_one_line(mapping, message):
@@ -151,3 +155,37 @@ def test_the_three_ways_to_draw_z():
                                                                      patch=None)))
     with pytest.raises(ParamsError, match="the model is plain"):
         latents(LTM(ModelConfig(vocab_size=64, n_layers=1, d_model=8, n_heads=2)), "gaussian", 1)
+
+
+def test_whitening_is_undone_exactly_by_its_inverse():
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(24, 5, generator=generator))[0].t()  # (5, 24) orthonormal
+    gain = torch.tensor([3.0, 2.0, 1.5, 0.5, 1.0])
+    x = torch.randn(7, 3, 8, generator=generator)
+    white = whiten(x, basis, gain)
+    torch.testing.assert_close(whiten(white, basis, gain, inverse=True), x)
+    # along the basis divided by gain, across it untouched
+    torch.testing.assert_close(white.flatten(1) @ basis.t(), (x.flatten(1) @ basis.t()) / gain)
+    across = x.flatten(1) - (x.flatten(1) @ basis.t()) @ basis
+    torch.testing.assert_close(white.flatten(1) - (white.flatten(1) @ basis.t()) @ basis, across)
+    assert whiten(x, None, None) is x
+
+
+def test_the_untrained_whitened_prior_samples_the_low_rank_fit():
+    """With a basis, the Gaussian skip samples mean + std * (N(0, I) widened by gain along the
+    basis): the covariance along each basis direction is gain^2 in normalised coordinates."""
+    cfg = PriorConfig(patch=4, width=16, n_heads=2)
+    prior = untrained_prior(cfg)
+    basis = torch.zeros(2, 16)
+    basis[0, :8], basis[1, 8:] = 8 ** -0.5, 8 ** -0.5  # all of slot 0 together, all of slot 1
+    prior = dataclasses.replace(prior, basis=basis, gain=torch.tensor([3.0, 0.5]))
+    z = prior.sample(8000, steps=20, generator=torch.Generator().manual_seed(0))
+    x = ((z - prior.mean) / prior.std).flatten(1)
+    along = x @ basis.t()  # (8000, 2)
+    assert abs(float(along[:, 0].std()) / 3.0 - 1) < 0.05
+    assert abs(float(along[:, 1].std()) / 0.5 - 1) < 0.05
+    across = x - along @ basis
+    # the other 14 directions at unit variance each (standard error of this mean about 0.004)
+    assert abs(float(across.square().sum(1).mean()) / 14 - 1) < 0.03
+    torch.testing.assert_close(prior.encode(prior.decode(x.view(-1, 2, 8))), x.view(-1, 2, 8),
+                               atol=1e-4, rtol=1e-4)

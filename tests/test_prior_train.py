@@ -2,6 +2,7 @@
 run equals an uninterrupted one, the normalisation is the posteriors' mixture's, and the train
 stage's folders of the latent and plain models are found."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ import torch
 from ltm.counterpart import CounterpartConfig
 from ltm.model import ModelConfig
 from ltm.prior import PRIOR_FILE, PriorConfig
-from ltm.prior_train import PriorTrainer, model_dirs, normalisation, train_prior
+from ltm.params import ParamsError
+from ltm.prior_train import (PriorTrainer, model_dirs, normalisation, principal_whitening,
+                              train_prior)
 from ltm.train import TrainConfig
 
 
@@ -29,8 +32,11 @@ def toy_posteriors(n: int = 256, slots: int = 2, dim: int = 8) -> dict:
             "heldout_log_var": log_var[:32]}
 
 
+# per-dimension normalisation only: these tests are of the network's learning. Whitened, the
+# clusters' one direction (all coordinates together) is scaled to unit variance and the start is
+# no longer far from the data; 300 steps then do not learn the two modes (LOG, 2026-11-23)
 TOY = PriorConfig(patch=None, width=32, n_heads=2, depth=2, steps=300, batch_size=64, lr=0.002,
-                  ema=0.0, checkpoint_every=0, warmup_steps=10)
+                  ema=0.0, checkpoint_every=0, warmup_steps=10, whiten_rank=0)
 
 
 def test_the_training_loss_falls_on_a_toy_distribution():
@@ -94,6 +100,30 @@ def test_the_normalisation_is_that_of_the_posteriors_mixture():
     torch.testing.assert_close(std, draws.std(0), atol=0.01, rtol=0)
     zero, one = normalisation(mu, log_var, False)
     assert torch.equal(zero, torch.zeros(2, 8)) and torch.equal(one, torch.ones(2, 8))
+
+
+def test_the_whitening_finds_a_low_rank_gaussians_directions_and_widths():
+    """Posterior means of a rank-2 + unit-diagonal Gaussian (in normalised coordinates) give
+    its two directions and their standard deviations, the mixture's sigma^2 included; the
+    whitened batches then have unit variance along them."""
+    generator = torch.Generator().manual_seed(0)
+    d, n = 32, 4000
+    directions = torch.linalg.qr(torch.randn(d, 2, generator=generator))[0].t()  # (2, d)
+    widths = torch.tensor([4.0, 2.0])
+    mu = (torch.randn(n, 2, generator=generator) * widths) @ directions + torch.randn(
+        n, d, generator=generator)
+    log_var = torch.full((n, d), math.log(0.5))
+    mean, std = torch.zeros(d), torch.ones(d)
+    basis, gain = principal_whitening(mu.view(n, 4, 8), log_var.view(n, 4, 8), mean.view(4, 8),
+                                      std.view(4, 8), 2)
+    assert basis.shape == (2, d) and gain.shape == (2,)
+    torch.testing.assert_close(basis @ basis.t(), torch.eye(2), atol=1e-5, rtol=0)
+    assert ((basis @ directions.t()).abs().max(1).values > 0.99).all()
+    # var along each = width^2 + 1 (the means' diagonal) + 0.5 (sigma^2), within 5%
+    torch.testing.assert_close(gain, (widths.square() + 1.5).sqrt(), rtol=0.05, atol=0)
+    with pytest.raises(ParamsError, match="whiten_rank: must be below the 4000"):
+        principal_whitening(mu.view(n, 4, 8), log_var.view(n, 4, 8), mean.view(4, 8),
+                            std.view(4, 8), n)
 
 
 def test_the_batches_are_normalised_draws_of_the_posteriors():

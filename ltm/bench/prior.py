@@ -5,7 +5,8 @@
 Sources of z (each `samples` draws): the prior sampled by 1000-step ancestral DDPM (the baseline)
 and by DPM-Solver++ at each of eval_steps evaluations; z ~ N(0, I) at each of `scales` (the
 training prior, shrunk by hand as the LTM authors do); N(mean, std) fit, the training
-posteriors' per-dimension Gaussian (the prior's normalisation alone); the posteriors of held-out and of training
+posteriors' per-dimension Gaussian; rank-k + diagonal fit, the prior's own normalisation alone
+(what its untrained denoiser samples; prior.whiten_rank > 0); the posteriors of held-out and of training
 sequences (the target itself: what a perfect prior reaches at this sample size; the prior learns
 the training split's, which may sit apart from the held-out one). Beside them, the
 plain LM's unconditional samples and the held-out text itself, for the text metrics.
@@ -261,6 +262,11 @@ def _z_sources(cfg: PriorBench, prior, post: dict, n_ref: int) -> list[tuple[dic
     sources.append(({"source": DIAGONAL_FIT, "sampler": "gaussian fit", "evaluations": 0},
                     lambda: prior.mean.cpu() + prior.std.cpu() * torch.randn(
                         shape, generator=torch.Generator().manual_seed(cfg.seed)), cfg.repeats))
+    if prior.basis is not None:  # the prior's own normalisation: a low-rank + diagonal fit
+        sources.append(({"source": LOW_RANK_FIT.format(rank=len(prior.basis)),
+                         "sampler": "gaussian fit", "evaluations": 0},
+                        lambda: prior.decode(torch.randn(shape, generator=torch.Generator(
+                            ).manual_seed(cfg.seed)).to(prior.device)).cpu(), cfg.repeats))
     sources.append(({"source": "posterior (held-out)", "sampler": "fitted", "evaluations": None},
                     lambda: _draws(post, "heldout", slice(0, n), cfg.seed), 1))
     sources.append(({"source": "posterior (train split)", "sampler": "fitted",
@@ -318,6 +324,7 @@ def bench_prior(cfg: PriorBench, checkpoint_dir: str | Path, device: torch.devic
 
 
 DIAGONAL_FIT = "N(mean, std) fit"
+LOW_RANK_FIT = "rank-{rank} + diagonal fit"
 
 
 def label(row: dict) -> str:
@@ -336,6 +343,27 @@ def _agrees(a: dict, b: dict, key: str) -> bool:
     """a and b within twice their combined noise on `key` (mmd2 or gen_nll)."""
     noise = math.hypot(a[f"{key}_noise"], b[f"{key}_noise"])
     return abs(a[key] - b[key]) <= 2 * noise
+
+
+def verdict(a: dict, b: dict, key: str) -> str:
+    """a against b on distance `key` (mmd2 or fd_pca): "better" or "worse" by more than twice
+    the combined noise, else "tie"."""
+    gap, noise = b[key] - a[key], 2 * math.hypot(a[f"{key}_noise"], b[f"{key}_noise"])
+    return "better" if gap > noise else "worse" if gap < -noise else "tie"
+
+
+def _verdicts(rows: list[dict], ddpm: dict) -> dict:
+    """The 1000-step prior against the fits and against its ceiling, the training posteriors'
+    own draws (what a perfect prior of the training split reaches at this sample size), on both
+    distances; and each fit against that ceiling: a fit that ties it leaves no room to beat."""
+    rivals = [r for r in rows if r["sampler"] == "gaussian fit"]
+    rivals += [r for r in rows if r["source"] == "posterior (train split)"]
+    out = {}
+    for key in ("mmd2", "fd_pca"):
+        out[key] = {f"prior vs {r['source']}": verdict(ddpm, r, key) for r in rivals}
+        out[key].update({f"{r['source']} vs {rivals[-1]['source']}": verdict(r, rivals[-1], key)
+                         for r in rivals[:-1]})
+    return out
 
 
 def summarise(rows: list[dict], cfg: PriorBench, setup: _Setup) -> dict:
@@ -365,6 +393,7 @@ def summarise(rows: list[dict], cfg: PriorBench, setup: _Setup) -> dict:
         out["prior_mmd2_over_diagonal_fit"] = ddpm["mmd2"] / fit["mmd2"]
         out["prior_beats_diagonal_fit"] = (
             fit["mmd2"] - ddpm["mmd2"] > 2 * math.hypot(fit["mmd2_noise"], ddpm["mmd2_noise"]))
+    out["verdicts"] = _verdicts(rows, ddpm)
     if gaussian is not None:
         out["best_gaussian"] = gaussian["source"]
         out["prior_mmd2_over_best_gaussian"] = ddpm["mmd2"] / gaussian["mmd2"]

@@ -198,11 +198,39 @@ def test_the_diagonal_fit_draws_the_normalisation_gaussian():
 
     from ltm.bench.prior import DIAGONAL_FIT, PriorBench, _z_sources
     mean, std = torch.randn(3, 8), torch.rand(3, 8) + 0.5
-    prior = SimpleNamespace(mean=mean, std=std, denoiser=SimpleNamespace(slots=3, dim=8))
+    prior = SimpleNamespace(mean=mean, std=std, denoiser=SimpleNamespace(slots=3, dim=8),
+                            basis=None)
     cfg = PriorBench(samples=4000, eval_steps=[5], scales=[1.0])
+    heads = [head["source"] for head, _, _ in _z_sources(cfg, prior, {}, 0)]
+    assert not any("rank" in source for source in heads)  # no whitening, no low-rank row
     (draw,) = [d for head, d, _ in _z_sources(cfg, prior, {}, 0) if head["source"] == DIAGONAL_FIT]
     z = draw()
     assert z.shape == (4000, 3, 8)
     # 4000 draws: the standard error of a mean is std / 63, of a std about std / 89
     assert torch.allclose(z.mean(0), mean, atol=4 * 1.5 / 63)
     assert torch.allclose(z.std(0) / std, torch.ones(3, 8), atol=0.06)
+
+
+def test_the_low_rank_fit_row_draws_the_priors_own_gaussian():
+    # with a whitening, a row draws what the untrained denoiser would: Prior.decode of N(0, I)
+    from ltm.bench.prior import PriorBench, _z_sources
+    from ltm.prior import Denoiser, Prior, PriorConfig
+
+    basis = torch.zeros(1, 24)
+    basis[0, :8] = 8 ** -0.5
+    prior = Prior(Denoiser(3, 8, PriorConfig(width=16, n_heads=2)), PriorConfig(),
+                  torch.randn(3, 8), torch.rand(3, 8) + 0.5, basis, torch.tensor([3.0]))
+    cfg = PriorBench(samples=4000, eval_steps=[5], scales=[1.0])
+    (draw,) = [d for head, d, _ in _z_sources(cfg, prior, {}, 0)
+               if head["source"] == "rank-1 + diagonal fit"]
+    x = ((draw() - prior.mean) / prior.std).flatten(1)
+    assert abs(float((x @ basis.t()).std()) / 3 - 1) < 0.05  # standard error about 0.011
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    (1.0, 2.0, "better"), (2.0, 1.0, "worse"), (1.0, 1.1, "tie")])
+def test_a_verdict_needs_twice_the_combined_noise(a, b, expected):
+    from ltm.bench.prior import verdict
+    noise = 0.1 / math.sqrt(2)  # combined: 0.1, so a gap of 0.2 is the threshold
+    assert verdict({"mmd2": a, "mmd2_noise": noise}, {"mmd2": b, "mmd2_noise": noise},
+                   "mmd2") == expected
