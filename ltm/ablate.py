@@ -11,7 +11,8 @@ the median of the blocks' median step times, the spread their min and max. The q
 the mean loss on a fixed validation set after the same steps. The current baseline and the
 candidate are measured in alternating blocks, so slow drift of the machine hits both alike.
 
-Verdicts: FAIL (quality out of tolerance, or the variant failed to run), PASS (faster beyond the
+Verdicts: FAIL (quality out of tolerance: either way for an exact switch, worse for an
+approximate one; or the variant failed to run), PASS (faster beyond the
 spread: the candidate's slowest block beats the baseline's fastest), SLOWER (the reverse), NO
 EFFECT (the spreads overlap).
 """
@@ -241,7 +242,7 @@ class Protocol:
         try:
             cand = self.runner(sections, where)
             base_m, cand_m = measure([base, cand], self.cfg, self.timer)
-            result = verdict(base_m, cand_m, change.tolerance)
+            result = verdict(base_m, cand_m, change.tolerance, change.kind == "exact")
             note = "" if cand.loaded == "all" else f"weights loaded: {cand.loaded} (untrained rest)"
         except (ParamsError, TrainingDiverged, RuntimeError, ValueError, NotImplementedError) as err:
             # a variant that cannot run here fails its row, not the whole ablation
@@ -365,7 +366,8 @@ def final_row(origin: Runner, final: Runner, kept: list[Change], cfg: AblateConf
     kind = "approximate" if any(c.kind == "approximate" for c in kept) else "exact"
     change = Change("final: " + " + ".join(c.text for c in kept), kind,
                     sum(c.tolerance for c in kept))
-    return make_row(change, "baseline", base, cand, verdict(base, cand, change.tolerance), True, "")
+    return make_row(change, "baseline", base, cand, verdict(base, cand, change.tolerance, kind == "exact"),
+                    True, "")
 
 
 def write_outputs(result: Ablation, metrics_path: str | Path, plot_path: str | Path) -> None:

@@ -42,11 +42,14 @@ def measure(runners: list[Runner], cfg: AblateConfig, timer: StepTimer) -> list[
     return results
 
 
-def verdict(base: Measurement, cand: Measurement, tolerance: float) -> str:
+def verdict(base: Measurement, cand: Measurement, tolerance: float, exact: bool = True) -> str:
     """FAIL: quality out of tolerance; PASS / SLOWER: faster / slower beyond both spreads;
-    NO EFFECT: the spreads overlap."""
+    NO EFFECT: the spreads overlap. The tolerance is two-sided for an exact switch (same maths:
+    any move beyond rounding is a bug) and one-sided for an approximate one (another function:
+    only a worse validation loss fails it; a better one preserves quality)."""
     delta = cand.val_loss - base.val_loss
-    if not delta == delta or abs(delta) > tolerance:  # NaN fails too
+    moved = abs(delta) if exact else delta
+    if not delta == delta or moved > tolerance:  # NaN fails too
         return "FAIL"
     if cand.high_s < base.low_s:
         return "PASS"

@@ -20,6 +20,17 @@ def test_verdicts(cand, expected):
     assert verdict(_m(0.9, 1.1), cand, tolerance=0.1) == expected
 
 
+@pytest.mark.parametrize("loss, exact, expected", [
+    (2.8, True, "FAIL"),   # an exact switch that moves the score either way is a bug
+    (3.2, True, "FAIL"),
+    (2.8, False, "PASS"),  # an approximate switch may improve quality (Muon: -0.12 on an H100)
+    (3.2, False, "FAIL"),  # ... but not lose it
+    (3.05, False, "PASS"),
+])
+def test_approximate_switches_fail_only_when_worse(loss, exact, expected):
+    assert verdict(_m(0.9, 1.1), _m(0.5, 0.6, loss=loss), tolerance=0.1, exact=exact) == expected
+
+
 def test_a_row_records_both_measurements_and_the_speed_ups_range():
     from ltm.ablate import Change
     base, cand = _m(0.9, 1.1), _m(0.4, 0.6, loss=3.01)
