@@ -135,8 +135,10 @@ def test_a_variant_that_cannot_run_fails_its_row_only(tiny):
     # another architecture: its weights do not come from the checkpoint
     result = run(tiny, ["model.mixer=deltanet", "train.opt.workers=0"])
     table = result.table.set_index("switch")
-    assert table.loc["model.mixer=deltanet", "verdict"] == "FAIL"
-    assert "weights loaded" in table.loc["model.mixer=deltanet", "note"]
+    other = table.loc["model.mixer=deltanet"]
+    # approximate: it fails only if its (partly untrained) loss is worse beyond its tolerance
+    assert (other["verdict"] == "FAIL") == (other["delta_val_loss"] > other["tolerance"])
+    assert other["kind"] == "approximate" and "weights loaded" in other["note"]
     assert table.loc["train.opt.workers=0", "verdict"] == "NO EFFECT"
 
 
