@@ -366,8 +366,8 @@ def final_row(origin: Runner, final: Runner, kept: list[Change], cfg: AblateConf
     kind = "approximate" if any(c.kind == "approximate" for c in kept) else "exact"
     change = Change("final: " + " + ".join(c.text for c in kept), kind,
                     sum(c.tolerance for c in kept))
-    return make_row(change, "baseline", base, cand, verdict(base, cand, change.tolerance, kind == "exact"),
-                    True, "")
+    result = verdict(base, cand, change.tolerance, kind == "exact")
+    return make_row(change, "baseline", base, cand, result, True, "")
 
 
 def write_outputs(result: Ablation, metrics_path: str | Path, plot_path: str | Path) -> None:

@@ -156,7 +156,8 @@ def principal_whitening(mu: torch.Tensor, log_var: torch.Tensor, mean: torch.Ten
                           f"(prior.train_sequences), got {rank}")
     centred = ((mu - mean) / std).flatten(1).double()  # (N, d)
     gram_values, gram_vectors = torch.linalg.eigh(centred @ centred.t() / n)  # ascending
-    values, vectors = gram_values.flip(0)[:rank], gram_vectors.flip(1)[:, :rank]  # (rank,), (N, rank)
+    # the largest first: (rank,), (N, rank)
+    values, vectors = gram_values.flip(0)[:rank], gram_vectors.flip(1)[:, :rank]
     basis = (centred.t() @ vectors / (n * values.clamp(min=1e-12)).sqrt()).t()  # (rank, d)
     basis = basis / basis.norm(dim=1, keepdim=True)
     spread = (log_var.exp() / std.square()).flatten(1).double().mean(0)  # (d,) mean sigma^2
@@ -180,12 +181,12 @@ class PriorTrainer:
                  folder: Path | None, device: torch.device | str = "cpu", say=print) -> None:
         self.cfg, self.device, self.say = cfg, torch.device(device), say
         self.mu, self.sigma = mu.to(self.device), torch.exp(0.5 * log_var).to(self.device)
-        self.mean, self.std = normalisation(mu, log_var, cfg.normalize)
-        basis, gain = (principal_whitening(mu, log_var, self.mean, self.std, cfg.whiten_rank)
+        mean, std = normalisation(mu, log_var, cfg.normalize)
+        basis, gain = (principal_whitening(mu, log_var, mean, std, cfg.whiten_rank)
                        if cfg.whiten_rank else (None, None))
-        self.normaliser = Prior(None, cfg, self.mean.to(self.device), self.std.to(self.device),
-                                *(None if v is None else v.to(self.device) for v in (basis, gain)))
-        self.mean, self.std = self.normaliser.mean, self.normaliser.std
+        # the normalisation of z, as the finished Prior carries it (its denoiser comes in run)
+        self.normaliser = Prior(None, cfg, *(None if v is None else v.to(self.device)
+                                             for v in (mean, std, basis, gain)))
         self.path = None if folder is None else Path(folder) / PRIOR_FILE
         self.scheduler = make_scheduler(cfg, "ddpm")
         with torch.random.fork_rng(devices=[]):
@@ -229,9 +230,9 @@ class PriorTrainer:
             "step": self.step, "steps": self.cfg.steps, "model": self.model.state_dict(),
             "ema": None if self.ema is None else self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-            "losses": self.losses, "mean": self.mean.cpu(), "std": self.std.cpu(),
-            **{k: None if v is None else v.cpu() for k, v in
-               (("basis", self.normaliser.basis), ("gain", self.normaliser.gain))},
+            "losses": self.losses,
+            **{k: None if getattr(self.normaliser, k) is None else getattr(self.normaliser, k).cpu()
+               for k in ("mean", "std", "basis", "gain")},
             "prior_cfg": dataclasses.asdict(self.cfg), "fingerprint": self.fingerprint,
             "metrics": metrics})
 

@@ -162,11 +162,15 @@ def test_generation_past_max_seq_len_is_refused():
                           temperature=0).shape == (1, 49)
 
 
-def test_latents_are_used_and_checked():
+def latent_case() -> tuple[int, LTM, torch.Tensor, torch.Tensor]:
+    """(seed, a tiny attention model with 2 latents per layer, tokens (2, 7), its z)."""
     seed = new_seed()
     model = tiny(MIXERS["attention"], n_latent=2)
-    idx = torch.randint(0, VOCAB, (2, 7))
-    z = latents(model, 2)
+    return seed, model, torch.randint(0, VOCAB, (2, 7)), latents(model, 2)
+
+
+def test_latents_are_used_and_checked():
+    seed, model, idx, z = latent_case()
     with_z, _ = model(idx, z=z)
     other_z, _ = model(idx, z=latents(model, 2))
     plain, _ = model(idx)
@@ -182,10 +186,7 @@ def test_a_global_scale_of_the_latents_does_not_reach_the_decoder():
     # (up to the norm's eps), so samples.latent_scale and the prior benchmark's N(0, I) scales
     # change the text only through eps. A model without that norm fails here: then the docs of
     # samples.latent_scale are wrong.
-    seed = new_seed()
-    model = tiny(MIXERS["attention"], n_latent=2)
-    idx = torch.randint(0, VOCAB, (2, 7))
-    z = latents(model, 2)
+    seed, model, idx, z = latent_case()
     full, _ = model(idx, z=z)
     half, _ = model(idx, z=0.5 * z)
     assert rel_err(full, half) < 1e-4, f"seed={seed}"

@@ -6,9 +6,9 @@ Sources of z (each `samples` draws): the prior sampled by 1000-step ancestral DD
 and by DPM-Solver++ at each of eval_steps evaluations; z ~ N(0, I) at each of `scales` (the
 training prior, shrunk by hand as the LTM authors do); N(mean, std) fit, the training
 posteriors' per-dimension Gaussian; rank-k + diagonal fit, the prior's own normalisation alone
-(what its untrained denoiser samples; prior.whiten_rank > 0); the posteriors of held-out and of training
-sequences (the target itself: what a perfect prior reaches at this sample size; the prior learns
-the training split's, which may sit apart from the held-out one). Beside them, the
+(what its untrained denoiser samples; prior.whiten_rank > 0); the posteriors of held-out and of
+training sequences (the target itself: what a perfect prior reaches at this sample size; the
+prior learns the training split's, which may sit apart from the held-out one). Beside them, the
 plain LM's unconditional samples and the held-out text itself, for the text metrics.
 
 Per source: sampling time per z and per generated sequence (z, then `new_tokens` tokens by the
