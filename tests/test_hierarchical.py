@@ -64,6 +64,19 @@ def test_exact_switches_equal_the_unchanged_layer(settings, kernel, T):
     assert_same(forward_backward(switched, x, seed), forward_backward(base, x, seed), 1e-10, seed)
 
 
+def test_dual_op_on_the_triton_kernel_equals_the_stacked_layer():
+    """kernel triton: hier_op dual runs the Triton delta rule with grouped heads (no copies of q,
+    k, v); the same kernels in the same order, so float32 agrees to rounding of the gradient sums."""
+    pytest.importorskip("triton")
+    seed = case_seed()
+    x = torch.randn(2, 70, 64, generator=torch.Generator().manual_seed(seed))
+    base = layer({}, H=2, D=32, kernel="triton", seed=seed).float()
+    switched = layer({"hier_op": "dual"}, H=2, D=32, kernel="triton", seed=seed).float()
+    switched.load_state_dict(base.state_dict())
+    assert switched.dual
+    assert_same(forward_backward(switched, x, seed), forward_backward(base, x, seed), 1e-6, seed)
+
+
 @pytest.mark.parametrize("settings", [{}, {"hier_op": "dual"}], ids=["stacked", "dual"])
 def test_chunk_size_64_and_128_give_the_same_layer(settings):
     """model.chunk_size is honoured by the hierarchical path (torch kernel) and is exact: 64 vs

@@ -16,7 +16,8 @@ Forward kernels (chunk_fwd.py): `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U),
 (chunk_bwd.py): `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state
 gradients), `_bwd_state_kernel` (sequential, backwards: the rest of dD and of the state
 gradients), `_bwd_chunk_kernel` (chunk-parallel: dq, dk, dv, dbeta, dg). Tested against
-`ltm.ops.delta_rule.naive.naive_delta_rule`.
+`ltm.ops.delta_rule.naive.naive_delta_rule`. Every kernel takes H (the states: beta's, g's and the
+outputs' heads) and HQ (the heads of q, k, v; H a multiple of it, see "grouped heads" below).
 """
 from __future__ import annotations
 
@@ -126,8 +127,9 @@ def _args(kernel, *values) -> dict:
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, HQ, K = q.shape
+    # H states (beta's heads), HQ heads of q, k, v: state head j reads q, k, v head j mod HQ
+    H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
@@ -140,7 +142,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     gcum = nan_buffer((B, T, H), f32, dev)
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
     tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
-                  {**_args(_prep_fwd_kernel, k, v, beta, g, w, u, gcum, linv, T, H, K, V, BT, BK),
+                  {**_args(_prep_fwd_kernel, k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
                    "SQUARING": INVERSE_BY_SQUARING})
     h = nan_buffer((B * H, NT, K, V), mid, dev)
@@ -149,20 +151,20 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
-                  {**_args(_fwd_kernel, k, w, u, gcum, h, d, initial_state, ht, T, H, K, V, BT, BK),
+                  {**_args(_fwd_kernel, k, w, u, gcum, h, d, initial_state, ht, T, H, HQ, K, V, BT, BK),
                    "USE_H0": initial_state is not None, "STORE_HT": output_final_state,
                    "PRECISION": precision})
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
-                  {**_args(_output_kernel, q, k, gcum, h, d, o, scale, T, H, K, V, BT, BK),
+                  {**_args(_output_kernel, q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
     return o, ht, (w, u, d, gcum, linv, h)
 
 
 def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     w, u, d, gcum, linv, h = saved
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, HQ, K = q.shape
+    H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
     NT = triton.cdiv(T, BT)
     dev, f32 = q.device, torch.float32
@@ -173,21 +175,26 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     tuning.launch("delta_rule.bwd_local", _bwd_local_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), NT, B * H), _parallel_configs(cls), cls,
-                  {**_args(_bwd_local_kernel, q, k, gcum, do, dd, dh, scale, T, H, K, V, BT, BK),
+                  {**_args(_bwd_local_kernel, q, k, gcum, do, dd, dh, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
     # it adds to dd and replaces dh in place: tuning restores them after each timed run
     tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
-                  {**_args(_bwd_state_kernel, k, w, gcum, dd, dh, dht, dh0, T, H, K, V, BT, BK),
+                  {**_args(_bwd_state_kernel, k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K, V, BT, BK),
                    "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
                   restore=("dd", "dh"))
-    dq, dk = nan_buffer(q.shape, q.dtype, dev), nan_buffer(k.shape, k.dtype, dev)
-    dv = nan_buffer(v.shape, v.dtype, dev)
+    # grouped heads: each state writes its own share of dq, dk, dv (float32), summed below
+    grad_dtype = q.dtype if H == HQ else f32
+    dq = nan_buffer((B, T, H, K), grad_dtype, dev)
+    dk = nan_buffer((B, T, H, K), grad_dtype, dev)
+    dv = nan_buffer((B, T, H, V), grad_dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
                   _bwd_chunk_configs(cls), cls,
                   {**_args(_bwd_chunk_kernel, q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
-                           dv, dbeta, dg, scale, T, H, K, V, BT, BK), "PRECISION": precision})
+                           dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
+    if H != HQ:
+        dq, dk, dv = (x.unflatten(2, (H // HQ, HQ)).sum(2).to(q.dtype) for x in (dq, dk, dv))
     return dq, dk, dv, dbeta, dg, dh0
 
 
@@ -224,10 +231,16 @@ def triton_chunk_delta_rule(
     Per token: S = S * exp(g); S = S + beta k (v - S^T k)^T; o = S^T (scale q).
     Same function as `ltm.ops.delta_rule.naive.naive_delta_rule`, which it is tested against.
 
+    Grouped heads: beta and g may carry H = G * HQ heads for the HQ heads of q, k, v; state head j
+    then reads q, k, v head j mod HQ. That is the delta rule on q, k, v repeated G times along the
+    heads (torch.cat([q] * G, 2)), without the copies: the hierarchical DeltaNet's fast and slow
+    states (G = 2) share one q, k, v, and the two programs of a head read it one after the other.
+
     Args:
-        q, k: [B, T, H, K]; v: [B, T, H, V]; all float32, bfloat16 or float16 (one dtype),
+        q, k: [B, T, HQ, K]; v: [B, T, HQ, V]; all float32, bfloat16 or float16 (one dtype),
             K, V <= 128. Any T >= 1.
-        beta: [B, T, H], the same dtype. g: [B, T, H] log decay (<= 0), any float dtype, or None.
+        beta: [B, T, H] with H a multiple of HQ (usually H = HQ), the same dtype.
+            g: [B, T, H] log decay (<= 0), any float dtype, or None.
         scale: multiplies q, defaults to K ** -0.5.
         initial_state: [B, H, K, V] (any float dtype, used in float32) or None for zeros.
     Returns:
@@ -246,13 +259,16 @@ def triton_chunk_delta_rule(
         raise ValueError(f"k must be [B, T, H, K] = {tuple(q.shape)} like q, got {tuple(k.shape)}")
     for name, x in (("q", q), ("k", k), ("v", v), ("beta", beta)):
         check_dtype(name, x, q.dtype)
-    if tuple(beta.shape) != (B, T, H):
-        raise ValueError(f"beta must be [B, T, H] = {(B, T, H)}, got {tuple(beta.shape)}")
-    if g is not None and tuple(g.shape) != (B, T, H):
-        raise ValueError(f"g must be [B, T, H] = {(B, T, H)} or None, got {tuple(g.shape)}")
+    if beta.dim() != 3 or tuple(beta.shape[:2]) != (B, T) or beta.shape[2] % H or not beta.shape[2]:
+        raise ValueError(f"beta must be [B, T, H] = {(B, T, H)} or [B, T, G * {H}] (grouped "
+                         f"heads), got {tuple(beta.shape)}")
+    HS = beta.shape[2]  # the states: H, or G * H with grouped heads
+    if g is not None and tuple(g.shape) != (B, T, HS):
+        raise ValueError(f"g must be [B, T, H] = {(B, T, HS)} like beta, or None, got "
+                         f"{tuple(g.shape)}")
     check_head_dim("q/k", K)
     check_head_dim("v", v.shape[-1])
-    check_state("initial_state", initial_state, (B, H, K, v.shape[-1]))
+    check_state("initial_state", initial_state, (B, HS, K, v.shape[-1]))
     if T == 0:
         raise ValueError("q must hold at least one token (T >= 1)")
     scale = K ** -0.5 if scale is None else float(scale)

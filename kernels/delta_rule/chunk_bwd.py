@@ -13,20 +13,21 @@ from ltm.kernels.common import dot, load_tile, rounded, seq_tile, state_tile, st
 
 
 @triton.jit
-def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     # the parts of dD and of the state gradient that need no later chunk, every chunk in
     # parallel: dD = (causal exp(G_i - G_j) Q K^T)^T dO into dd, (exp(G) Q)^T dO into dh;
     # `_bwd_state_kernel` adds the terms that flow back from later chunks
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     rows = i_t * BT + idx
     valid = rows < T
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_q = seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
     p_do = seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
     p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
     p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
@@ -42,13 +43,14 @@ def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, K: tl.constexpr, V: t
 
 
 @triton.jit
-def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl.constexpr,
+def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
     # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
     # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     # (BK, BV): gradient of the state leaving the current chunk
@@ -61,7 +63,7 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl
         rows = i_t * BT + idx
         valid = rows < T
         p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
-        p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
         p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
@@ -84,10 +86,11 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, K: tl.constexpr, V: tl
 
 @triton.jit
 def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg,
-                      scale, T, H, K: tl.constexpr, V: tl.constexpr,
+                      scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     rows = i_t * BT + idx
@@ -95,8 +98,8 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
     strict = (idx[:, None] > idx[None, :]) & valid[:, None]
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_q = seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
     b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
     b_k = load_tile(p_k).to(tl.float32)
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
@@ -118,8 +121,7 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     for i_v in range(tl.cdiv(V, BV)):
         p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
-        tv = (i_b * T * H + i_h) * V
-        p_v = seq_tile(v, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        p_v = seq_tile(v, i_b, i_hq, T, HQ, V, i_t * BT, i_v * BV, BT, BV)
         p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)

@@ -21,7 +21,7 @@ def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
+def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
@@ -30,15 +30,16 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
     BC: tl.constexpr = 16
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BC)
     t0 = i_t * BT
     rows0, rows1, rows2, rows3 = t0 + idx, t0 + BC + idx, t0 + 2 * BC + idx, t0 + 3 * BC + idx
     m0, m1, m2, m3 = rows0 < T, rows1 < T, rows2 < T, rows3 < T
-    k0 = load_rows(k, i_b, i_h, T, H, K, t0, BC, BK)
-    k1 = load_rows(k, i_b, i_h, T, H, K, t0 + BC, BC, BK)
-    k2 = load_rows(k, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
-    k3 = load_rows(k, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
+    k0 = load_rows(k, i_b, i_hq, T, HQ, K, t0, BC, BK)
+    k1 = load_rows(k, i_b, i_hq, T, HQ, K, t0 + BC, BC, BK)
+    k2 = load_rows(k, i_b, i_hq, T, HQ, K, t0 + 2 * BC, BC, BK)
+    k3 = load_rows(k, i_b, i_hq, T, HQ, K, t0 + 3 * BC, BC, BK)
     pb = beta + (i_b * T) * H + i_h
     b0 = tl.load(pb + rows0 * H, mask=m0, other=0.).to(tl.float32)
     b1 = tl.load(pb + rows1 * H, mask=m1, other=0.).to(tl.float32)
@@ -98,10 +99,10 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
           + dot(x32, y2, PRECISION) + dot(x33, y3, PRECISION))
     store_rows(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
     # U = L^-1 (beta V)
-    z0 = load_rows(v, i_b, i_h, T, H, V, t0, BC, BV) * b0[:, None]
-    z1 = load_rows(v, i_b, i_h, T, H, V, t0 + BC, BC, BV) * b1[:, None]
-    z2 = load_rows(v, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV) * b2[:, None]
-    z3 = load_rows(v, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV) * b3[:, None]
+    z0 = load_rows(v, i_b, i_hq, T, HQ, V, t0, BC, BV) * b0[:, None]
+    z1 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + BC, BC, BV) * b1[:, None]
+    z2 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + 2 * BC, BC, BV) * b2[:, None]
+    z3 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + 3 * BC, BC, BV) * b3[:, None]
     store_rows(u, dot(x00, z0, PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
     u1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
     store_rows(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
@@ -139,13 +140,14 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, K: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.constexpr,
+def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
     # computed afterwards, all chunks in parallel, by `_output_kernel`
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
@@ -157,7 +159,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
         valid = rows < T
         p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         store_tile(p_h, b_s)
-        p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
         p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
@@ -177,18 +179,19 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, K: tl.constexpr, V: tl.conste
 
 
 @triton.jit
-def _output_kernel(q, k, gcum, h, d, o, scale, T, H, K: tl.constexpr, V: tl.constexpr,
+def _output_kernel(q, k, gcum, h, d, o, scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     # O = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D], every chunk in parallel
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     rows = i_t * BT + idx
     valid = rows < T
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = seq_tile(q, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-    p_k = seq_tile(k, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+    p_q = seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
+    p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
     p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
     p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
     p_o = seq_tile(o, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)

@@ -141,3 +141,56 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
                              ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
     assert set(forced) <= set(launched)
+
+
+def _repeated_heads(groups: int):
+    """The token loop on q, k, v repeated `groups` times along the heads: what grouped heads
+    compute (its autograd sums each repeat's gradient back onto q, k, v)."""
+    def reference(q, k, v, beta, g, initial_state=None, output_final_state=False):
+        q, k, v = (torch.cat([x] * groups, dim=2) for x in (q, k, v))
+        return naive_delta_rule(q, k, v, beta, g, initial_state=initial_state,
+                                output_final_state=output_final_state)
+    return reference
+
+
+# (B, T, HQ, D, groups): the hierarchical DeltaNet's two states per head, odd sizes, T over two
+# chunks and a partial one; three groups on a tail chunk only
+GROUPED_CASES = [(2, 2 * CHUNK + 5, 3, 32, 2), (1, 37, 2, 64, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,HQ,D,groups", GROUPED_CASES,
+                         ids=[f"{case_id(*c[:3], c[3], c[3])}-G{c[4]}" for c in GROUPED_CASES])
+def test_grouped_heads_match_the_token_loop_on_repeated_heads(B, T, HQ, D, groups, dtype):
+    seed = case_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    q, k, v, beta, g, h0 = make_inputs(B, T, HQ * groups, D, D, "strong", True, dtype, seed)
+    xs = [x.detach()[:, :, :HQ].clone().requires_grad_() for x in (q, k, v)] + [beta, g, h0]
+    assert_matches_reference(triton_chunk_delta_rule, _repeated_heads(groups), xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
+                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+
+
+def test_grouped_heads_equal_the_stacked_copies_in_float32():
+    # same kernels, same order of operations: the forward to the bit, the gradients to rounding
+    # (each repeat's dq, dk, dv summed in float32 in both)
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(2, CHUNK + 9, 4, 32, 32, "weak", True, torch.float32, seed)
+    xs = [x.detach()[:, :, :2].clone().requires_grad_() for x in (q, k, v)]
+    stacked = [torch.cat([x, x], dim=2).detach().requires_grad_() for x in xs]
+    o, ht = triton_chunk_delta_rule(*xs, beta, g, initial_state=h0, output_final_state=True)
+    o_s, ht_s = triton_chunk_delta_rule(*stacked, beta, g, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o_s) and torch.equal(ht, ht_s), f"seed={seed}"
+    o.sum().backward()
+    o_s.sum().backward()
+    for name, x, x_s in zip("qkv", xs, stacked):
+        assert rel_err(x.grad, x_s.grad[:, :, :2] + x_s.grad[:, :, 2:]) <= 1e-6, f"seed={seed}: d{name}"
+
+
+def test_grouped_heads_need_a_multiple_of_the_heads():
+    q = torch.zeros(1, 4, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^beta must be \[B, T, H\] = \(1, 4, 2\) or \[B, T, G \* 2\]"):
+        triton_chunk_delta_rule(q, q, q, torch.zeros(1, 4, 3, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^g must be \[B, T, H\] = \(1, 4, 4\) like beta"):
+        triton_chunk_delta_rule(q, q, q, torch.zeros(1, 4, 4, device=DEVICE),
+                                torch.zeros(1, 4, 2, device=DEVICE))

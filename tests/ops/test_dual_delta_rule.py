@@ -138,6 +138,30 @@ def test_fast_chunk_read_is_the_chunk_start_state_decayed():
     assert rel_err(o[:, :, H:], exact[:, :, H:]) < 1e-12  # the slow heads are unchanged
 
 
+def test_triton_kernel_runs_both_states_and_matches_the_token_loop():
+    """kernel "triton" without variants: the Triton delta rule with grouped heads (both states of
+    a head over one q, k, v). Against the naive dual rule in float64: forward, final state, every
+    gradient, and a continuation from a state; a variant still takes the torch chunk form."""
+    pytest.importorskip("triton")
+    seed = case_seed()
+    inputs = make_inputs(2, 70, 3, 32, 32, torch.float32, seed)
+    variant = ("token", None)
+    o, state, grads = run(dual_delta_rule, inputs, variant, 64, seed, kernel="triton",
+                          output_final_state=True)
+    o_ref, s_ref, g_ref = run(naive_dual_delta_rule, [x.double() for x in inputs], variant, 64, seed)
+    assert set(state) == {"S"} and state["S"].dtype == torch.float32
+    assert rel_err(o, o_ref) < 1e-4 and rel_err(state["S"], s_ref["S"]) < 1e-4, f"seed={seed}"
+    for name, grad, grad_ref in zip(("q", "k", "v", "beta", "g"), grads, g_ref):
+        assert rel_err(grad, grad_ref) < 1e-4, f"seed={seed}: d{name}"
+    head, tail = [x[:, :40] for x in inputs], [x[:, 40:] for x in inputs]
+    _, first = dual_delta_rule(*head, kernel="triton", chunk_size=64, output_final_state=True)
+    rest, _ = dual_delta_rule(*tail, kernel="triton", chunk_size=64, state=first)
+    assert rel_err(rest, o_ref[:, 40:]) < 1e-4, f"seed={seed}"
+    event, _ = dual_delta_rule(*inputs, kernel="triton", chunk_size=8, slow_threshold=1e9)
+    frozen, _ = dual_delta_rule(*inputs, kernel="torch", chunk_size=8, slow_threshold=1e9)
+    assert torch.equal(event, frozen)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("split", [0, 3, 8, 11])
 def test_prefill_then_continue_equals_one_call(name, split):

@@ -15,8 +15,11 @@ Entry points:
         q, k [B, H, K]; v [B, H, V]; beta, g [B, 2H]
 States are dicts (`init_dual_state`): "S" [B, 2H, K, V] float32, the variants' extras.
 
-Implementations: `naive_dual_delta_rule` (naive.py, kernel "naive") and `chunk_dual_delta_rule`
-(chunk.py, every other kernel: there is no Triton kernel of the dual rule yet).
+Implementations: `naive_dual_delta_rule` (naive.py, kernel "naive"); `chunk_dual_delta_rule`
+(chunk.py, kernels "torch" and "fla", and the variants on every kernel); without variants, kernel
+"triton" runs `ltm.kernels.delta_rule.triton_chunk_delta_rule` with grouped heads: both states of a
+head over one q, k, v in the Triton kernels, no copies (the variants' chunk-level state has no
+Triton kernel).
 """
 from __future__ import annotations
 
@@ -67,6 +70,8 @@ def dual_delta_rule(
     if kernel == "naive":
         o, state = naive_dual_delta_rule(q, k, v, beta, g, state=state, **variant)
         return o, (state if output_final_state else None)
+    if kernel == "triton" and not has_chunk_state(fast_read, slow_threshold):
+        return _triton_dual(q, k, v, beta, g, state, output_final_state)
     head = []
     offset = _chunk_offset(state, chunk_size) if has_chunk_state(fast_read, slow_threshold) else 0
     if offset:
@@ -79,6 +84,17 @@ def dual_delta_rule(
     o, state = chunk_dual_delta_rule(q, k, v, beta, g, state=state,
                                      output_final_state=output_final_state, **variant)
     return (torch.cat(head + [o], dim=1) if head else o), state
+
+
+def _triton_dual(q, k, v, beta, g, state: dict | None, output_final_state: bool):
+    """Both states in the Triton kernels, grouped heads (state j reads q, k, v head j mod H)."""
+    from ltm.kernels.delta_rule import triton_chunk_delta_rule
+    # one dtype for the kernels, as `ltm.ops.delta_rule.delta_rule` gives them (bf16 autocast
+    # leaves the normalised q, k float32)
+    q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
+    o, S = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=None if state is None else state["S"],
+                                   output_final_state=output_final_state)
+    return o, ({"S": S} if output_final_state else None)
 
 
 def dual_delta_rule_one_token(
