@@ -11,7 +11,7 @@ from ltm.generate import Decoder, Sampling
 from ltm.mixers import DeltaNet
 from ltm.model import LTM
 from ltm.params import ParamsError
-from reference import case_seed, rel_err
+from reference import DEVICE, case_seed, rel_err
 
 BASE = dict(mixer="deltanet", hierarchical=True)
 VARIANTS = {"stacked": {}, "dual": {"hier_op": "dual"}, "sum": {"hier_mix": "sum"},
@@ -37,6 +37,7 @@ def forward_backward(mixer: DeltaNet, x: torch.Tensor, seed: int):
     x = x.clone().requires_grad_()
     y, _ = mixer(x)
     weight = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=y.dtype)
+    weight = weight.to(y.device)
     (y * weight).sum().backward()
     return y.detach(), {"x": x.grad, **{n: p.grad.clone() for n, p in mixer.named_parameters()
                                         if p.grad is not None}}
@@ -69,9 +70,9 @@ def test_dual_op_on_the_triton_kernel_equals_the_stacked_layer():
     k, v); the same kernels in the same order, so float32 agrees to rounding of the gradient sums."""
     pytest.importorskip("triton")
     seed = case_seed()
-    x = torch.randn(2, 70, 64, generator=torch.Generator().manual_seed(seed))
-    base = layer({}, H=2, D=32, kernel="triton", seed=seed).float()
-    switched = layer({"hier_op": "dual"}, H=2, D=32, kernel="triton", seed=seed).float()
+    x = torch.randn(2, 70, 64, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    base = layer({}, H=2, D=32, kernel="triton", seed=seed).float().to(DEVICE)
+    switched = layer({"hier_op": "dual"}, H=2, D=32, kernel="triton", seed=seed).float().to(DEVICE)
     switched.load_state_dict(base.state_dict())
     assert switched.dual
     assert_same(forward_backward(switched, x, seed), forward_backward(base, x, seed), 1e-6, seed)

@@ -8,7 +8,7 @@ import torch
 from ltm.ops.delta_rule import naive_delta_rule
 from ltm.ops.dual_delta_rule import (chunk_dual_delta_rule, dual_delta_rule,
                                      dual_delta_rule_one_token, naive_dual_delta_rule)
-from reference import case_seed, rel_err
+from reference import DEVICE, case_seed, rel_err
 
 VARIANTS = {"exact": ("token", None), "fast-chunk": ("chunk", None), "event": ("token", "median"),
             "both": ("chunk", "median"), "never": ("token", 1e9)}
@@ -144,11 +144,12 @@ def test_triton_kernel_runs_both_states_and_matches_the_token_loop():
     gradient, and a continuation from a state; a variant still takes the torch chunk form."""
     pytest.importorskip("triton")
     seed = case_seed()
-    inputs = make_inputs(2, 70, 3, 32, 32, torch.float32, seed)
+    inputs = [x.to(DEVICE) for x in make_inputs(2, 70, 3, 32, 32, torch.float32, seed)]
     variant = ("token", None)
     o, state, grads = run(dual_delta_rule, inputs, variant, 64, seed, kernel="triton",
                           output_final_state=True)
-    o_ref, s_ref, g_ref = run(naive_dual_delta_rule, [x.double() for x in inputs], variant, 64, seed)
+    o_ref, s_ref, g_ref = run(naive_dual_delta_rule, [x.double() for x in inputs], variant, 64,
+                              seed)
     assert set(state) == {"S"} and state["S"].dtype == torch.float32
     assert rel_err(o, o_ref) < 1e-4 and rel_err(state["S"], s_ref["S"]) < 1e-4, f"seed={seed}"
     for name, grad, grad_ref in zip(("q", "k", "v", "beta", "g"), grads, g_ref):
