@@ -33,10 +33,11 @@ def run(fn, inputs, variant, chunk_size, seed, **kwargs):
     o, state = fn(*leaves, fast_read=fast_read, slow_threshold=threshold, chunk_size=chunk_size,
                   **kwargs)
     gen = torch.Generator().manual_seed(seed + 1)
-    # the same cotangents in every dtype: drawn in float64
-    loss = (o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum()
+    # the same cotangents in every dtype and on every device: drawn in float64 on the CPU
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    loss = (o * do.to(o.device, o.dtype)).sum()
     dS = torch.randn(state["S"].shape, generator=gen, dtype=torch.float64)
-    loss = loss + (state["S"] * dS.to(state["S"].dtype)).sum()
+    loss = loss + (state["S"] * dS.to(o.device, state["S"].dtype)).sum()
     return o, state, torch.autograd.grad(loss, leaves)
 
 
