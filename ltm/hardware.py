@@ -90,3 +90,21 @@ def peak_flops(device: torch.device, amp: str) -> float | None:
         if "H100" in name or "H200" in name:
             return H100_BF16_PEAK
     return None
+
+
+# compiled configurations one process may hold per code object (see `allow_recompiles`)
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    """Raise dynamo's per-code-object recompile limit (8 by default) to `limit`.
+
+    Every compiled model of one process adds an entry to the caches of the same code objects (the
+    block's, the mixer's, the loss's forward), one per configuration. Past the limit dynamo warns
+    once and runs that code eagerly from then on: the ablate protocol (a model per switch, all in
+    one process) and gpu/hierarchical_bench.py measured their later rows partly eager that way
+    (the H100 runs of 2026-11-23 hit it at the 8th configuration)."""
+    config = torch._dynamo.config
+    # renamed from cache_size_limit in torch 2.6; the old name still answers on 2.11 and 2.13
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))

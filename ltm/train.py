@@ -34,7 +34,8 @@ from ltm.batches import MicroBatches, check_data, check_lengths, open_source, wi
 from ltm.cache import cache_dir_of
 from ltm.corpus import DataError
 from ltm.counterpart import CounterpartConfig, train_with_counterparts
-from ltm.hardware import autocast, find_batch_size, peak_flops, peak_memory, setup_distributed
+from ltm.hardware import (allow_recompiles, autocast, find_batch_size, peak_flops, peak_memory,
+                          setup_distributed)
 from ltm.latent import LatentConfig, validation_metrics
 from ltm.levers import FUSED_OPS, convert_fp8, make_muon, resolve_data, time_to_target
 from ltm.losses import LossModel
@@ -308,6 +309,7 @@ class Trainer:
             self.step_model = DistributedDataParallel(self.loss_model, find_unused_parameters=unused)
         if self.sw.compile:
             mode = None if self.sw.compile_mode == "default" else self.sw.compile_mode
+            allow_recompiles()  # one process may compile many configurations (the ablate stage)
             self.step_model = torch.compile(self.step_model, mode=mode)
 
     def config_dicts(self) -> tuple[dict, dict]:

@@ -33,3 +33,41 @@ def test_one_process_on_the_cpu_and_a_clear_error_without_cuda(monkeypatch):
     assert setup_distributed("auto") == (torch.device("cpu"), 0, 1)
     with pytest.raises(ParamsError, match="train.device: cuda asked for, but torch sees no CUDA"):
         setup_distributed("cuda")
+
+
+class _Configured(nn.Module):
+    """One code object, a configuration per instance (as the ablate stage's model variants)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def forward(self, x):
+        return x * len(self.name)
+
+
+def _compiled_configurations(count: int) -> int:
+    """How many of `count` configurations dynamo compiled (the rest ran eagerly)."""
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    for i in range(count):
+        torch.compile(_Configured("x" * (i + 1)), backend=backend)(torch.ones(2))
+    torch._dynamo.reset()
+    return len(graphs)
+
+
+def test_allow_recompiles_keeps_every_configuration_compiled(monkeypatch):
+    from ltm.hardware import allow_recompiles
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(config, name, 8)
+    # dynamo's default: past 8 configurations of one code object the rest run eagerly
+    assert _compiled_configurations(12) == 8
+    allow_recompiles()
+    assert getattr(config, name) >= 64
+    assert _compiled_configurations(12) == 12
