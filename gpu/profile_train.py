@@ -2,6 +2,8 @@
 
     python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile]
 
+mixer: attention, deltanet, rwkv7 or hierarchical (the hierarchical DeltaNet, hier_op dual).
+
 For each mixer: the wall time of a step (forward, backward, fused AdamW) and the GPU kernels that
 take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
 """
@@ -19,7 +21,9 @@ STEPS = 5
 
 
 def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
-    section = dict(read_params("configs/gpu.yaml")["model"], mixer=mixer)
+    # "hierarchical": the hierarchical DeltaNet, both states in the Triton kernel (hier_op dual)
+    extra = {"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"} if mixer == "hierarchical" else {"mixer": mixer}
+    section = dict(read_params("configs/gpu.yaml")["model"], **extra)
     model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
