@@ -1,6 +1,6 @@
 """Where the time of one training step of the GPU profile goes, per mixer (eager, bf16 autocast).
 
-    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile]
+    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile] [--explain]
 
 mixer: attention, deltanet, rwkv7 or hierarchical (the hierarchical DeltaNet, hier_op dual).
 
@@ -8,6 +8,7 @@ For each mixer: the wall time of a step (forward, backward, fused AdamW) and the
 take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
 """
 import argparse
+import collections
 import time
 
 import torch
@@ -65,13 +66,33 @@ def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
     torch.cuda.empty_cache()
 
 
+def explain(mixer: str, batch: int, seq_len: int) -> None:
+    """torch.compile's view of one training forward: graphs, graph breaks and their reasons (each
+    break is a return to Python between compiled graphs, paid on the CPU at every step)."""
+    model, _ = build(mixer)
+    idx = torch.randint(0, model.cfg.vocab_size, (batch, seq_len), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        report = torch._dynamo.explain(model)(idx, idx)
+    reasons = collections.Counter(str(b.reason).splitlines()[0][:160] for b in report.break_reasons)
+    print(f"-- {mixer}: {report.graph_count} graphs, {report.graph_break_count} graph breaks, "
+          f"{report.op_count} ops")
+    for reason, count in reasons.most_common(12):
+        print(f"   x{count:<4d} {reason}")
+    del model
+    torch._dynamo.reset()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mixers", nargs="*", default=["attention", "deltanet", "rwkv7"])
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--compile", action="store_true", help="profile the torch.compile'd model")
+    parser.add_argument("--explain", action="store_true",
+                        help="first print torch.compile's graphs and graph breaks per mixer")
     args = parser.parse_args()
+    for mixer in args.mixers if args.explain else []:
+        explain(mixer, args.batch, args.seq_len)
     for mixer in args.mixers:
         profile_mixer(mixer, args.batch, args.seq_len, args.compile)
 
