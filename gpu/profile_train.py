@@ -66,6 +66,12 @@ def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
     torch.cuda.empty_cache()
 
 
+def _our_frame(stack) -> str:
+    ours = [f for f in stack if "/ltm/" in f.filename or "/kernels/" in f.filename]
+    frame = (ours or list(stack) or [None])[-1]
+    return "?" if frame is None else f"{frame.filename.rsplit('/', 2)[-2:]}:{frame.lineno} {frame.name}"
+
+
 def explain(mixer: str, batch: int, seq_len: int) -> None:
     """torch.compile's view of one training forward: graphs, graph breaks and their reasons (each
     break is a return to Python between compiled graphs, paid on the CPU at every step)."""
@@ -73,7 +79,10 @@ def explain(mixer: str, batch: int, seq_len: int) -> None:
     idx = torch.randint(0, model.cfg.vocab_size, (batch, seq_len), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         report = torch._dynamo.explain(model)(idx, idx)
-    reasons = collections.Counter(str(b.reason).splitlines()[0][:160] for b in report.break_reasons)
+    # each break: its reason and the innermost frame of this project's code where it happened
+    reasons = collections.Counter(
+        f"{str(b.reason).splitlines()[0][:120]} at {_our_frame(b.user_stack)}"
+        for b in report.break_reasons)
     print(f"-- {mixer}: {report.graph_count} graphs, {report.graph_break_count} graph breaks, "
           f"{report.op_count} ops")
     for reason, count in reasons.most_common(12):
