@@ -36,6 +36,8 @@ FORCED: dict[str, dict] = {}
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 
 _TUNERS: dict[tuple, object] = {}
+# (kernel name, shape class) -> the configuration its tuning chose, what a traced launch takes
+_TUNED: dict[tuple, dict] = {}
 
 
 def config(num_warps: int, num_stages: int, **meta) -> triton.Config:
@@ -61,9 +63,15 @@ def launch(name: str, kernel, grid: Callable[[dict], tuple], configs: list[trito
         chosen = dict(FORCED[name])
         kernel[grid(chosen)](**kwargs, **chosen)
         return chosen
+    if torch.compiler.is_compiling():
+        # plain dicts and tuples only while dynamo traces: str() of the configurations (the
+        # tuners' key below) is one more thing it could stop at
+        chosen = _TUNED.get((name, shape_class)) or _as_kwargs(configs[0])
+        kernel[grid(chosen)](**kwargs, **chosen)
+        return chosen
     key = (name, shape_class, tuple(str(c) for c in configs))
     tuner = _TUNERS.get(key)
-    if not AUTOTUNE or len(configs) == 1 or torch.compiler.is_compiling():
+    if not AUTOTUNE or len(configs) == 1:
         best = getattr(tuner, "best_config", None)
         chosen = _as_kwargs(configs[0] if best is None else best)
         kernel[grid(chosen)](**kwargs, **chosen)
@@ -74,7 +82,8 @@ def launch(name: str, kernel, grid: Callable[[dict], tuple], configs: list[trito
                                 do_bench=lambda fn, quantiles=None: _bench(fn, quantiles))(kernel)
         _TUNERS[key] = tuner
     tuner[grid](**kwargs)
-    return _as_kwargs(tuner.best_config)
+    _TUNED[(name, shape_class)] = _as_kwargs(tuner.best_config)
+    return _TUNED[(name, shape_class)]
 
 
 def chosen() -> list[dict]:

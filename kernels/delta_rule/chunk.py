@@ -120,10 +120,17 @@ def _bwd_chunk_configs(shape_class: tuple) -> list:
             tuning.config(4 if K > 64 else 8, 2, BV=32)]
 
 
-def _args(kernel, *values) -> dict:
-    """The kernel's arguments by name, up to the tuned ones (BV, warps, stages), which
-    `tuning.launch` adds."""
-    return dict(zip(kernel.arg_names, values))
+# each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
+# broke torch.compile's graph once per layer (dynamo: "Unsupported hasattr call"; H100, torch 2.11)
+_ARG_NAMES = {kernel.__name__: tuple(kernel.arg_names) for kernel in (
+    _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel, _fwd_kernel, _output_kernel,
+    _prep_fwd_kernel)}
+
+
+def _args(kernel: str, *values) -> dict:
+    """The arguments of the kernel named `kernel` by name, up to the tuned ones (BV, warps,
+    stages), which `tuning.launch` adds."""
+    return dict(zip(_ARG_NAMES[kernel], values))
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
@@ -142,7 +149,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     gcum = nan_buffer((B, T, H), f32, dev)
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
     tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
-                  {**_args(_prep_fwd_kernel, k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
+                  {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
                    "SQUARING": INVERSE_BY_SQUARING})
     h = nan_buffer((B * H, NT, K, V), mid, dev)
@@ -151,12 +158,12 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
-                  {**_args(_fwd_kernel, k, w, u, gcum, h, d, initial_state, ht, T, H, HQ, K, V, BT, BK),
+                  {**_args("_fwd_kernel", k, w, u, gcum, h, d, initial_state, ht, T, H, HQ, K, V, BT, BK),
                    "USE_H0": initial_state is not None, "STORE_HT": output_final_state,
                    "PRECISION": precision})
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
-                  {**_args(_output_kernel, q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),
+                  {**_args("_output_kernel", q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
     return o, ht, (w, u, d, gcum, linv, h)
 
@@ -175,12 +182,12 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     tuning.launch("delta_rule.bwd_local", _bwd_local_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), NT, B * H), _parallel_configs(cls), cls,
-                  {**_args(_bwd_local_kernel, q, k, gcum, do, dd, dh, scale, T, H, HQ, K, V, BT, BK),
+                  {**_args("_bwd_local_kernel", q, k, gcum, do, dd, dh, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
     # it adds to dd and replaces dh in place: tuning restores them after each timed run
     tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
-                  {**_args(_bwd_state_kernel, k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K, V, BT, BK),
+                  {**_args("_bwd_state_kernel", k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K, V, BT, BK),
                    "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
                   restore=("dd", "dh"))
     # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
@@ -191,7 +198,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
                   _bwd_chunk_configs(cls), cls,
-                  {**_args(_bwd_chunk_kernel, q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
+                  {**_args("_bwd_chunk_kernel", q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
                            dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     if H != HQ:
         dq, dk, dv = (x.unflatten(2, (H // HQ, HQ)).sum(2) for x in (dq, dk, dv))

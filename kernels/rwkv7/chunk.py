@@ -106,8 +106,16 @@ def _bwd_grad_launch_options(K: int) -> dict:
     return {"num_warps": 8}
 
 
-def _args(kernel, *values) -> dict:
-    return dict(zip(kernel.arg_names, values))
+# each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
+# broke torch.compile's graph once per layer (dynamo: "Unsupported hasattr call"; H100, torch 2.11)
+_ARG_NAMES = {kernel.__name__: tuple(kernel.arg_names) for kernel in (
+    _bwd_state_kernel, _fwd_state_kernel, _output_kernel, _prep_fwd_kernel)}
+
+
+def _args(kernel: str, *values) -> dict:
+    """The arguments of the kernel named `kernel` by name, up to the tuned ones (BV, warps,
+    stages), which `tuning.launch` adds."""
+    return dict(zip(_ARG_NAMES[kernel], values))
 
 
 def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
@@ -125,7 +133,7 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     gam = nan_buffer((B * H, NT, K), f32, dev)
     arl, arb, ark, aak = (nan_buffer((B * H, NT, C, C), mid, dev) for _ in range(4))
     tuning.launch("rwkv7.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
-                  {**_args(_prep_fwd_kernel, r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl,
+                  {**_args("_prep_fwd_kernel", r, w, k, v, a, b, x, y, bbar, kbar, ybar, rt, at, gam, arl,
                            arb, ark, aak, T, H, K, V, C, BK, block_size(V), precision,
                            inverse_precision, FAST_SPAN)})
     h = nan_buffer((B * H, NT, K, V), mid, dev)
@@ -133,12 +141,12 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     tuning.launch("rwkv7.fwd_state", _fwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
-                  {**_args(_fwd_state_kernel, gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H,
+                  {**_args("_fwd_state_kernel", gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H,
                            K, V, C, BK), "USE_H0": initial_state is not None,
                    "STORE_HT": output_final_state, "PRECISION": precision})
     tuning.launch("rwkv7.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _output_configs(cls), cls,
-                  {**_args(_output_kernel, r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK),
+                  {**_args("_output_kernel", r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK),
                    "PRECISION": precision})
     return o, ht, (h, s, ybar, rt, at, gam, arl, ark, aak)
 
@@ -159,7 +167,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     tuning.launch("rwkv7.bwd_state", _bwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
-                  {**_args(_bwd_state_kernel, rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V,
+                  {**_args("_bwd_state_kernel", rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V,
                            C, BK), "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
                    "PRECISION": precision})
     dr, dk, da, db = (nan_buffer(x.shape, x.dtype, dev) for x in (r, k, a, b))

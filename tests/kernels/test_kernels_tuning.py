@@ -97,6 +97,23 @@ def test_tuning_is_off_unless_asked_and_never_runs_while_compiling(tuned, monkey
     assert tuned == [] and tuning.chosen() == []  # nothing timed, no tuner made
 
 
+def test_a_traced_launch_takes_the_configuration_its_class_tuned(monkeypatch):
+    launched = []
+
+    class Kernel:
+        __getitem__ = staticmethod(lambda grid: lambda **kw: launched.append((grid, kw)))
+
+    configs = [tuning.config(4, 1, BV=32), tuning.config(8, 2, BV=64)]
+    monkeypatch.setattr(tuning, "_TUNED", {("fake", ("class",)): tuning._as_kwargs(configs[1])})
+    monkeypatch.setattr(tuning.torch.compiler, "is_compiling", lambda: True)
+    chosen = tuning.launch("fake", Kernel(), lambda m: (m["BV"],), configs, ("class",), {"x": 1})
+    assert chosen == {"BV": 64, "num_warps": 8, "num_stages": 2}
+    assert launched == [((64,), {"x": 1, **chosen})]
+    # another class of the same kernel was not tuned: the default
+    other = tuning.launch("fake", Kernel(), lambda m: (m["BV"],), configs, ("other",), {"x": 1})
+    assert other == {"BV": 32, "num_warps": 4, "num_stages": 1}
+
+
 def test_tuning_is_opt_in(monkeypatch):
     import importlib
     monkeypatch.delenv("LTM_AUTOTUNE", raising=False)
