@@ -315,7 +315,7 @@ def decode_rows(ceilings, deadline, emit) -> None:
 def bench_rows(rows: list) -> list:
     """The grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
     and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
-    kernel history (`ltm.report.recorded_kernel_rows`) reads these files too."""
+    kernel history (`ltm.records.recorded_kernel_rows`) reads these files too."""
     out = []
     for r in rows:
         if r.get("section") != "grid" or "skipped" in r:

@@ -1,9 +1,12 @@
 """Measurements made on GPUs and kept in git as JSON files, so that the CPU pipeline can still
-report them: the kernel benchmarks under reports/bench, the training runs under reports/gpu."""
+report them: the kernel benchmarks under reports/bench, the training runs under reports/gpu, the
+ablate protocol's runs under reports/gpu/ablate."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pandas as pd
 
 
 def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, dict]]:
@@ -40,3 +43,35 @@ def latest_grid(folder: str | Path) -> list[dict]:
             rows.append({**row, "device": record["device"],
                          "commit": (record.get("commit") or "")[:7], "record": path.name})
     return rows
+
+
+def gpu_ablate_records(folder: str | Path) -> list[tuple[str, dict, pd.DataFrame]]:
+    """The ablate protocol's runs on GPUs (`gpu/ablate.py OUT.json` writes OUT.json and OUT.csv,
+    kept in `folder`), by file name: (name, the JSON's "protocol" (device, torch, commit, params,
+    mode), the CSV's verdict table). A JSON without "protocol" or without its CSV is an error
+    naming it, never a silent gap."""
+    records = []
+    for path in sorted(Path(folder).glob("*.json")):
+        table_path = path.with_suffix(".csv")
+        try:
+            protocol = json.loads(path.read_text())["protocol"]
+            protocol["device"]
+            table = pd.read_csv(table_path)
+        except (ValueError, KeyError, TypeError, FileNotFoundError) as err:
+            raise ValueError(f"{path}: not a GPU ablate record with its CSV ({err})") from None
+        records.append((path.stem, protocol, table))
+    return records
+
+
+def recorded_kernel_rows(folder: str | Path) -> pd.DataFrame:
+    """The kernel benchmarks recorded on GPUs (`python -m ltm.bench.kernels --out ...`, kept in
+    `folder`): one row per measurement with the device and commit it was made on. They are
+    history, not this commit's metrics: the benchmark stage measures only what runs here."""
+    rows = []
+    for path, record in read_records(folder, "rows", "kernel benchmark"):
+        for row in record["rows"]:
+            rows.append({"device": record["device"], "commit": record.get("commit"),
+                         "op": row["op"], "pass": row["pass"],
+                         "case": f"{row['B']},{row['T']},{row['H']},{row['D']}",
+                         "impl": row["impl"], "ms": row["ms"], "record": path.name})
+    return pd.DataFrame(rows)

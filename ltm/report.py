@@ -26,7 +26,7 @@ from ltm.bench.kernels import grid_summary
 from ltm.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
                          latent_figure, loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import load_section, read_params
-from ltm.records import latest_grid, read_records
+from ltm.records import gpu_ablate_records, latest_grid, read_records, recorded_kernel_rows
 
 
 @dataclass
@@ -271,20 +271,6 @@ def samples_section(samples_path: Path | None) -> Section:
     return Section(title, [table], [], f"Sampled from the trained checkpoint ({settings}).")
 
 
-def recorded_kernel_rows(folder: Path) -> pd.DataFrame:
-    """The kernel benchmarks recorded on GPUs (`python -m ltm.bench.kernels --out ...`, kept in
-    `folder`): one row per measurement with the device and commit it was made on. They are
-    history, not this commit's metrics: the benchmark stage measures only what runs here."""
-    rows = []
-    for path, record in read_records(folder, "rows", "kernel benchmark"):
-        for row in record["rows"]:
-            rows.append({"device": record["device"], "commit": record.get("commit"),
-                         "op": row["op"], "pass": row["pass"],
-                         "case": f"{row['B']},{row['T']},{row['H']},{row['D']}",
-                         "impl": row["impl"], "ms": row["ms"], "record": path.name})
-    return pd.DataFrame(rows)
-
-
 def kernel_history_section(folder: Path) -> Section:
     table = recorded_kernel_rows(folder)
     title = "Kernel benchmarks on GPUs (recorded history)"
@@ -342,6 +328,25 @@ def gpu_section(gpu_dir: Path) -> Section:
     return Section("Training on GPUs (recorded history)", tables, [gpu_figure(runs)], note)
 
 
+# the columns of a GPU ablate record the report shows (the CSV has the baseline's too)
+GPU_ABLATE_COLUMNS = ["switch", "kind", "verdict", "speedup", "speedup_low", "speedup_high",
+                      "step_ms", "delta_val_loss", "peak_memory_mib", "note"]
+
+
+def gpu_ablate_section(folder: Path) -> Section:
+    """The ablate protocol's runs on GPUs (`gpu/ablate.py`), one verdict table and figure each."""
+    title = "Ablation verdicts on GPUs (recorded history)"
+    records = gpu_ablate_records(folder)
+    if not records:
+        return Section(title, [], [], f"No GPU ablate records in {folder}.")
+    runs = "; ".join(f"{name}: {p['device']}, torch {p.get('torch')}, commit "
+                     f"{str(p.get('commit'))[:7]}, {p.get('params')}" for name, p, _ in records)
+    note = ("Measured with gpu/ablate.py and kept in git, in the order of the files: " + runs
+            + ". History, not measurements of this commit.")
+    return Section(title, [table[GPU_ABLATE_COLUMNS] for _, _, table in records],
+                   [ablate_figure(table) for _, _, table in records], note)
+
+
 def environment() -> dict:
     """Versions, device, the commit and whether the workspace differs from it (one git call)."""
     state = compare.workspace_state()
@@ -391,8 +396,8 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
                  bench_records: str | Path, gpu_records: str | Path, output: str | Path,
                  samples_path: str | Path | None = None) -> list[Section]:
     """Build the report from whatever the stages wrote, and the GPU records (kernel benchmarks in
-    `bench_records`, training runs in `gpu_records`) as history; returns the sections for the
-    notebook. Paths come from dvc.yaml."""
+    `bench_records`, training runs in `gpu_records`, ablate runs in its ablate/) as history;
+    returns the sections for the notebook. Paths come from dvc.yaml."""
     cfg = load_section(ReportConfig, "report", params_path)
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
@@ -403,7 +408,8 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
                 prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),
                 benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
-                kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records))]
+                kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
+                gpu_ablate_section(Path(gpu_records) / "ablate")]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi))
     return sections

@@ -61,13 +61,14 @@ def _compiled_configurations(count: int) -> int:
     return len(graphs)
 
 
-def test_allow_recompiles_keeps_every_configuration_compiled(monkeypatch):
+def test_allow_recompiles_keeps_every_configuration_compiled():
     from ltm.hardware import allow_recompiles
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(config, name, 8)
-    # dynamo's default: past 8 configurations of one code object the rest run eagerly
-    assert _compiled_configurations(12) == 8
-    allow_recompiles()
-    assert getattr(config, name) >= 64
-    assert _compiled_configurations(12) == 12
+    # dynamo's own patch (restored on exit; monkeypatch's undo deleted the option)
+    with config.patch({name: 8}):
+        # dynamo's default: past 8 configurations of one code object the rest run eagerly
+        assert _compiled_configurations(12) == 8
+        allow_recompiles()
+        assert getattr(config, name) >= 64
+        assert _compiled_configurations(12) == 12

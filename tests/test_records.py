@@ -3,7 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from ltm.records import read_records
+from ltm.records import gpu_ablate_records, read_records
 
 
 def test_records_come_by_file_name_with_their_content(tmp_path):
@@ -63,3 +63,17 @@ def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
         {("gated_delta_rule", (1, 512, 2, 64)): (1.0, None)}, "c")))
     (summary,) = grid_summary(latest_grid(tmp_path))
     assert summary["with_fla"] == 0 and summary["geomean_x_fla"] is None
+
+
+def test_gpu_ablate_records_pair_each_protocol_with_its_table(tmp_path):
+    for name, device in (("b-run", "GPU b"), ("a-run", "GPU a")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"protocol": {"device": device}}))
+        (tmp_path / f"{name}.csv").write_text("switch,verdict\nbaseline,BASELINE\n")
+    records = gpu_ablate_records(tmp_path)
+    assert [(name, protocol["device"]) for name, protocol, _ in records] == [("a-run", "GPU a"),
+                                                                            ("b-run", "GPU b")]
+    assert records[0][2].switch.tolist() == ["baseline"]
+    (tmp_path / "c.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "c.csv").write_text("switch\n")
+    with pytest.raises(ValueError, match=r"c\.json: not a GPU ablate record"):
+        gpu_ablate_records(tmp_path)
