@@ -23,7 +23,8 @@ STEPS = 5
 
 def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
     # "hierarchical": the hierarchical DeltaNet, both states in the Triton kernel (hier_op dual)
-    extra = {"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"} if mixer == "hierarchical" else {"mixer": mixer}
+    extra = ({"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"}
+             if mixer == "hierarchical" else {"mixer": mixer})
     section = dict(read_params("configs/gpu.yaml")["model"], **extra)
     model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -69,7 +70,9 @@ def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
 def _our_frame(stack) -> str:
     ours = [f for f in stack if "/ltm/" in f.filename or "/kernels/" in f.filename]
     frame = (ours or list(stack) or [None])[-1]
-    return "?" if frame is None else f"{frame.filename.rsplit('/', 2)[-2:]}:{frame.lineno} {frame.name}"
+    if frame is None:
+        return "?"
+    return f"{frame.filename.rsplit('/', 2)[-2:]}:{frame.lineno} {frame.name}"
 
 
 def explain(mixer: str, batch: int, seq_len: int) -> None:

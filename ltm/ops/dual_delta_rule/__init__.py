@@ -92,7 +92,8 @@ def _triton_dual(q, k, v, beta, g, state: dict | None, output_final_state: bool)
     # one dtype for the kernels, as `ltm.ops.delta_rule.delta_rule` gives them (bf16 autocast
     # leaves the normalised q, k float32)
     q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
-    o, S = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=None if state is None else state["S"],
+    initial = None if state is None else state["S"]
+    o, S = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=initial,
                                    output_final_state=output_final_state)
     return o, ({"S": S} if output_final_state else None)
 
