@@ -36,7 +36,7 @@ FORCED: dict[str, dict] = {}
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 
 _TUNERS: dict[tuple, object] = {}
-# (kernel name, shape class) -> the configuration its tuning chose, what a traced launch takes
+# (kernel name, shape class) -> the configuration its tuning chose, what later launches take
 _TUNED: dict[tuple, dict] = {}
 
 
@@ -63,19 +63,14 @@ def launch(name: str, kernel, grid: Callable[[dict], tuple], configs: list[trito
         chosen = dict(FORCED[name])
         kernel[grid(chosen)](**kwargs, **chosen)
         return chosen
-    if torch.compiler.is_compiling():
-        # plain dicts and tuples only while dynamo traces: str() of the configurations (the
-        # tuners' key below) is one more thing it could stop at
+    if not AUTOTUNE or len(configs) == 1 or torch.compiler.is_compiling():
+        # the class's tuned choice, else the default: plain dicts and tuples only, since dynamo
+        # may be tracing (str() of the configurations, the tuners' key below, could stop it)
         chosen = _TUNED.get((name, shape_class)) or _as_kwargs(configs[0])
         kernel[grid(chosen)](**kwargs, **chosen)
         return chosen
     key = (name, shape_class, tuple(str(c) for c in configs))
     tuner = _TUNERS.get(key)
-    if not AUTOTUNE or len(configs) == 1:
-        best = getattr(tuner, "best_config", None)
-        chosen = _as_kwargs(configs[0] if best is None else best)
-        kernel[grid(chosen)](**kwargs, **chosen)
-        return chosen
     if tuner is None:
         # `_bench` looked up at each call, so that a test can time on the host instead
         tuner = triton.autotune(configs=list(configs), key=[], restore_value=list(restore),

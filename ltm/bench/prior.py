@@ -339,15 +339,9 @@ SUMMARY_KEYS = ("ms_per_z", "ms_per_sequence", "fd_pca", "fd_pca_noise", "mmd2",
                 "gen_ppl", "gen_nll_noise", "token_entropy")
 
 
-def _agrees(a: dict, b: dict, key: str) -> bool:
-    """a and b within twice their combined noise on `key` (mmd2 or gen_nll)."""
-    noise = math.hypot(a[f"{key}_noise"], b[f"{key}_noise"])
-    return abs(a[key] - b[key]) <= 2 * noise
-
-
 def verdict(a: dict, b: dict, key: str) -> str:
-    """a against b on distance `key` (mmd2 or fd_pca): "better" or "worse" by more than twice
-    the combined noise, else "tie"."""
+    """a against b on `key` (mmd2, fd_pca or gen_nll: lower is better): "better" or "worse" by
+    more than twice the combined noise, else "tie" (they agree within it)."""
     gap, noise = b[key] - a[key], 2 * math.hypot(a[f"{key}_noise"], b[f"{key}_noise"])
     return "better" if gap > noise else "worse" if gap < -noise else "tie"
 
@@ -385,21 +379,18 @@ def summarise(rows: list[dict], cfg: PriorBench, setup: _Setup) -> dict:
         out[f"dpm{r['evaluations']}_mmd2_ratio_to_ddpm"] = r["mmd2"] / ddpm["mmd2"]
         out[f"dpm{r['evaluations']}_gen_ppl_ratio_to_ddpm"] = r["gen_ppl"] / ddpm["gen_ppl"]
     matching = [r["evaluations"] for r in dpm
-                if _agrees(r, ddpm, "mmd2") and _agrees(r, ddpm, "gen_nll")]
+                if verdict(r, ddpm, "mmd2") == "tie" and verdict(r, ddpm, "gen_nll") == "tie"]
     out["fewest_dpm_evaluations_matching_ddpm"] = min(matching, default=None)
     out["fewer_evaluations_x"] = ddpm["evaluations"] / min(matching) if matching else None
     fit = next((r for r in rows if r["source"] == DIAGONAL_FIT), None)
     if fit is not None:
         out["prior_mmd2_over_diagonal_fit"] = ddpm["mmd2"] / fit["mmd2"]
-        out["prior_beats_diagonal_fit"] = (
-            fit["mmd2"] - ddpm["mmd2"] > 2 * math.hypot(fit["mmd2_noise"], ddpm["mmd2_noise"]))
+        out["prior_beats_diagonal_fit"] = verdict(ddpm, fit, "mmd2") == "better"
     out["verdicts"] = _verdicts(rows, ddpm)
     if gaussian is not None:
         out["best_gaussian"] = gaussian["source"]
         out["prior_mmd2_over_best_gaussian"] = ddpm["mmd2"] / gaussian["mmd2"]
-        out["prior_beats_best_gaussian"] = (
-            gaussian["mmd2"] - ddpm["mmd2"] > 2 * math.hypot(gaussian["mmd2_noise"],
-                                                             ddpm["mmd2_noise"]))
+        out["prior_beats_best_gaussian"] = verdict(ddpm, gaussian, "mmd2") == "better"
     return out
 
 
