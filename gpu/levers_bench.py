@@ -1,7 +1,7 @@
 """Issue 21 in one run: the train stage's levers against the nanoGPT-class loop, measured together.
 
     python3 gpu/levers_bench.py OUT.json [--parts kernels,baseline,ablate,ttt,deltanet]
-                                [--budget-s 520] [--tiny]
+                                [--budget-s 520] [--seq-lens 2048,8192] [--tiny]
 
 Parts, in order (each skipped, with a note, once --budget-s is spent):
   kernels   ltm.fused's kernels against the plain PyTorch ops on odd shapes, forward and backward,
@@ -204,7 +204,7 @@ def deltanet_part(args, out: dict, tmp: str) -> None:
     kept = [k for k in out.get("ablate", {}).get("kept", []) if "optimizer" not in k]
     rows = []
     lengths = ((128, 2), (256, 1)) if args.tiny else ((2048, 8), (8192, 2))
-    for seq_len, batch in lengths:
+    for seq_len, batch in [(t, b) for t, b in lengths if not args.seq_lens or t in args.seq_lens]:
         for mixer in ("attention", "deltanet"):
             if time.monotonic() > args.deadline:
                 rows.append({"seq_len": seq_len, "mixer": mixer, "skipped": "time budget spent"})
@@ -238,6 +238,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=520.0)
     parser.add_argument("--ttt-steps", type=int, default=600)
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU")
+    parser.add_argument("--seq-lens", type=lambda text: [int(t) for t in text.split(",")],
+                        default=[], help="the deltanet part's lengths only (2048, 8192)")
     args = parser.parse_args()
     started = time.monotonic()
     args.deadline = started + args.budget_s

@@ -233,3 +233,20 @@ def test_triton_deltanet_layer_matches_the_torch_layer(name, fused_conv, monkeyp
     assert rel_err(y_k, y_t) < 1e-4, f"output, seed={seed}"
     for key in g_t:
         assert rel_err(g_k[key], g_t[key]) < 1e-4, f"grad of {key}, seed={seed}"
+
+
+@pytest.mark.parametrize("hierarchical,d_model,n_heads", [(True, 96, 12), (False, 96, 12),
+                                                          (True, 30, 5), (False, 21, 3)])
+def test_deltanet_gate_projection_is_padded_to_aligned_rows(hierarchical, d_model, n_heads):
+    """gate_proj's width is a multiple of 8 (aligned bf16 GEMMs); the padding columns feed nothing:
+    they get no gradient, and the used columns do."""
+    cfg = ModelConfig(vocab_size=32, d_model=d_model, n_heads=n_heads, n_layers=1,
+                      mixer="deltanet", hierarchical=hierarchical, kernel="torch")
+    torch.manual_seed(0)
+    layer = DeltaNet(cfg).double()
+    used = sum(layer.gate_widths[:-1])
+    assert layer.gate_proj.out_features % 8 == 0 and layer.gate_proj.out_features - used < 8
+    layer(torch.randn(2, 9, d_model, dtype=torch.float64))[0].square().sum().backward()
+    grad = layer.gate_proj.weight.grad
+    assert grad[used:].abs().sum() == 0  # (empty when no padding was needed)
+    assert grad[:used].abs().sum(1).min() > 0

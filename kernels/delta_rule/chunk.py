@@ -200,7 +200,9 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
                   _bwd_chunk_configs(cls), cls,
                   {**_args("_bwd_chunk_kernel", q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
                            dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
-    if H != HQ:
+    if H == 2 * HQ:  # an elementwise add: torch's strided sum over the group ran at ~40% of DRAM
+        dq, dk, dv = (x[:, :, :HQ] + x[:, :, HQ:] for x in (dq, dk, dv))
+    elif H != HQ:
         dq, dk, dv = (x.unflatten(2, (H // HQ, HQ)).sum(2) for x in (dq, dk, dv))
     return dq, dk, dv, dbeta, dg, dh0
 
