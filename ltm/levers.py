@@ -55,16 +55,23 @@ class MuonAdamW(torch.optim.Optimizer):
     initial lr and a grad scaler unscales every gradient. The state dict holds both parts:
     {"state": {"muon": ..., "adamw": ...}, "param_groups": {"muon": [...], "adamw": [...]}}."""
 
-    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer,
+                 compiled: bool = False) -> None:
         self.parts = {"muon": muon, "adamw": adamw}
         # the same dicts as the parts' (add_param_group keeps the dict it is given)
         super().__init__(muon.param_groups + adamw.param_groups, {})
+        # Muon's Newton-Schulz iterations are a Python loop of small matmuls per matrix: eager, a
+        # launch-bound step; compiled, one graph. Its lr is a tensor then (see tensor_lrs)
+        self.compiled = compiled
+        self._muon_step = torch.compile(muon.step) if compiled else muon.step
+        if compiled:
+            tensor_lrs(muon)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        for part in self.parts.values():
-            part.step()
+        self._muon_step()
+        self.parts["adamw"].step()
         return loss
 
     def state_dict(self) -> dict:
@@ -78,6 +85,18 @@ class MuonAdamW(torch.optim.Optimizer):
         for name, part in self.parts.items():
             part.load_state_dict({"state": state_dict["state"][name],
                                   "param_groups": state_dict["param_groups"][name]})
+        if self.compiled:  # a checkpoint of an eager run brings float lrs back
+            tensor_lrs(self.parts["muon"])
+
+
+def tensor_lrs(optimizer: torch.optim.Optimizer) -> None:
+    """Each group's lr (and initial_lr) as a 0-d tensor: the lr scheduler then fills it in place,
+    and a compiled step reads it as an input. A float lr is a constant of the compiled graph, so
+    every new value recompiles it until dynamo's limit, after which the step silently runs eager."""
+    for group in optimizer.param_groups:
+        for key in ("lr", "initial_lr"):
+            if key in group and not isinstance(group[key], torch.Tensor):
+                group[key] = torch.tensor(float(group[key]))
 
 
 def optimizer_parts(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
@@ -85,9 +104,10 @@ def optimizer_parts(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimi
     return list(optimizer.parts.values()) if isinstance(optimizer, MuonAdamW) else [optimizer]
 
 
-def make_muon(model: nn.Module, cfg, fused: bool) -> MuonAdamW:
+def make_muon(model: nn.Module, cfg, fused: bool, compiled: bool = False) -> MuonAdamW:
     """train.optimizer muon: see muon_split. cfg: the TrainConfig (muon_lr, muon_momentum,
-    muon_weight_decay, muon_adjust_lr; lr, betas and weight_decay for the AdamW part)."""
+    muon_weight_decay, muon_adjust_lr; lr, betas and weight_decay for the AdamW part). compiled:
+    Muon's step through torch.compile (train.opt.compile)."""
     if not hasattr(torch.optim, "Muon"):
         raise ParamsError(f"train.optimizer: muon needs torch >= 2.9 (torch.optim.Muon), this is "
                           f"torch {torch.__version__}")
@@ -101,7 +121,7 @@ def make_muon(model: nn.Module, cfg, fused: bool) -> MuonAdamW:
               {"params": plain, "weight_decay": 0.0}]
     adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr,
                               betas=(cfg.beta1, cfg.beta2), fused=fused)
-    return MuonAdamW(muon, adamw)
+    return MuonAdamW(muon, adamw, compiled)
 
 
 # --- time to target and the data of the GPU profile -----------------------------------------

@@ -53,7 +53,7 @@ class OptConfig:
 
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # mixed precision; fp16 adds a grad scaler
     tf32: bool | Auto = "auto"  # TF32 tensor cores for float32 matmuls (CUDA only)
-    compile: bool | Auto = "auto"  # torch.compile the model and loss
+    compile: bool | Auto = "auto"  # torch.compile the model and loss (and Muon's step)
     fused_adamw: bool | Auto = "auto"  # one fused kernel for the whole AdamW update
     workers: int = 0  # processes preparing batches ahead (0 = in the training loop)
     pin_memory: bool | Auto = "auto"  # page-locked batches, copied with non_blocking (CUDA only)
@@ -193,9 +193,11 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return (cfg.min_lr + cosine * (cfg.lr - cfg.min_lr)) / cfg.lr
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool):
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool, compiled: bool = False):
+    """AdamW (fused: its fused CUDA kernel) or Muon + AdamW (compiled: Muon's step compiled), with
+    the lr schedule."""
     if cfg.optimizer == "muon":
-        optimizer = make_muon(model, cfg, fused)
+        optimizer = make_muon(model, cfg, fused, compiled)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
         return optimizer, scheduler
     params = [p for p in model.parameters() if p.requires_grad]
@@ -292,7 +294,8 @@ class Trainer:
         if cfg.batch_size == "auto":
             self.batch_size = find_batch_size(self.loss_model, cfg.seq_len, self.model_cfg.vocab_size,
                                               self.sw.amp, cfg.memory_fraction, self.device, self.say)
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.sw.fused_adamw)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.sw.fused_adamw,
+                                                         self.sw.compile)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.sw.amp == "fp16")
         self.step, self.history, self.pending = 0, [], []
         # (perf_counter at the start, seconds of earlier runs): run() sets it after resuming
