@@ -438,6 +438,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warm-timeout-s", type=float, default=300.0)
     parser.add_argument("--warm-only", help="B,T,H,D: compile this shape's head group and exit "
                                             "(the worker of the parallel warm-up)")
+    parser.add_argument("--skip", default="", metavar="B,T,H,D;...",
+                        help="grid shapes measured by an earlier call, left out of this one")
     parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
                         help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     args = parser.parse_args(argv)
@@ -449,6 +451,10 @@ def main(argv=None) -> None:
     if args.tiny:
         ORDER = [(1, 70, 2, 32), (2, 20, 1, 64)]
         DECODE_BATCHES, DECODE_HEADS = (1, 2), ((2, 32),)
+    skipped = {tuple(int(n) for n in item.split(",")) for item in args.skip.split(";") if item}
+    if skipped - set(ORDER):
+        raise SystemExit(f"--skip: not grid shapes: {sorted(skipped - set(ORDER))}")
+    ORDER = [shape for shape in ORDER if shape not in skipped]
     ops = [op for op in PARTS[args.part] if not args.only or op in args.only.split(",")]
     grid_ops = [op for op in ops if op != "decode"]
     if args.warm_only:
