@@ -340,7 +340,9 @@ def gpu_ablate_section(folder: Path) -> Section:
     if not records:
         return Section(title, [], [], f"No GPU ablate records in {folder}.")
     runs = "; ".join(f"{name}: {p['device']}, torch {p.get('torch')}, commit "
-                     f"{str(p.get('commit'))[:7]}, {p.get('params')}" for name, p, _ in records)
+                     f"{str(p.get('commit'))[:7]}, {p.get('params')}"
+                     + "".join(f" --set {item}" for item in p.get("overrides") or [])
+                     for name, p, _ in records)
     note = ("Measured with gpu/ablate.py and kept in git, in the order of the files: " + runs
             + ". History, not measurements of this commit.")
     return Section(title, [table[GPU_ABLATE_COLUMNS] for _, _, table in records],
