@@ -421,6 +421,18 @@ def environment(commit: str | None) -> dict:
             "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"}}
 
 
+def fla_past_hopper_guard() -> bool:
+    """Lift fla's refusal of the gated backward (chunk_bwd_dqkwg) on Hopper with Triton >= 3.4
+    and < 3.7.1: its Triton kernel then runs, so that its time can be compared; fla says its
+    results may be incorrect there, so the grid's error columns are the check. True if lifted."""
+    try:
+        from fla.ops.common import chunk_o
+    except ImportError:
+        return False
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    return True
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
@@ -440,6 +452,10 @@ def main(argv=None) -> None:
                                             "(the worker of the parallel warm-up)")
     parser.add_argument("--skip", default="", metavar="B,T,H,D;...",
                         help="grid shapes measured by an earlier call, left out of this one")
+    parser.add_argument("--fla-past-hopper-guard", action="store_true",
+                        help="time fla's gated backward on Hopper with Triton < 3.7.1, which fla "
+                             "refuses (its issue #640: results may be wrong there); the row's "
+                             "errors against ours show whether they were")
     parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
                         help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     args = parser.parse_args(argv)
@@ -468,6 +484,8 @@ def main(argv=None) -> None:
     suffix = "" if args.part == "all" else "-part" + args.part.replace("/", "of")
     path = args.out / f"{args.name}{suffix}.json"
     env = {**environment(args.commit), "part": args.part, "ops": ops}
+    if args.fla_past_hopper_guard:
+        env["fla_past_hopper_guard"] = fla_past_hopper_guard()
     print(json.dumps(env), flush=True)
     if not (args.no_warm or args.tiny) and grid_ops:
         env["warm"] = warm_in_parallel(grid_ops, ORDER, args.warm_timeout_s)
