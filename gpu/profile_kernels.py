@@ -1,6 +1,6 @@
 """Where the time of one forward+backward goes, kernel by kernel (CUDA time from torch.profiler).
 
-    python3 gpu/profile_kernels.py [B,T,H,D]
+    python3 gpu/profile_kernels.py [B,T,H,D] [op,op,...]   # ops: delta_rule, gated_delta_rule, rwkv7
 
 Prints, for each op and implementation present (ours, fla), the GPU time of every kernel summed
 over the profiled repeats and divided by their number: the per-call cost of each stage.
@@ -40,7 +40,8 @@ def profile_impl(name, fn, x):
 def main():
     shape = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "8,2048,8,128").split(",")]
     device = torch.device("cuda")
-    for op in ("delta_rule", "gated_delta_rule", "rwkv7"):
+    ops = sys.argv[2].split(",") if len(sys.argv) > 2 else ["delta_rule", "gated_delta_rule", "rwkv7"]
+    for op in ops:
         x = make_inputs(op, *shape, torch.bfloat16, device)
         for name, fn in implementations(op, device).items():
             if name in ("triton", "fla"):

@@ -204,6 +204,23 @@ def seq_tile(x, i_b, i_h, T, H, D: tl.constexpr, row0, col0, BR: tl.constexpr, B
 
 
 @triton.jit
+def seq_tile_t(x, i_b, i_h, T, H, D: tl.constexpr, row0, col0, BR: tl.constexpr,
+               BD: tl.constexpr):
+    """The transpose of `seq_tile`: the (BD, BR) tile of columns col0 .. col0 + BD and rows
+    row0 .. row0 + BR, read straight from memory in that orientation, so that a kernel that
+    multiplies by K^T gets it without a transpose in registers on its sequential path."""
+    base = x + (i_b * T * H + i_h).to(tl.int64) * D
+    rows = row0 + tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BD)
+    ptrs = base + rows[None, :] * (H * D) + cols[:, None]
+    if BD == D:
+        mask = (rows < T)[None, :]
+    else:
+        mask = (rows < T)[None, :] & (cols < D)[:, None]
+    return ptrs, mask
+
+
+@triton.jit
 def state_tile(x, i_mat, K: tl.constexpr, V: tl.constexpr, col0, BK: tl.constexpr,
                BV: tl.constexpr):
     """`tile` of the (BK, BV) block at columns col0 .. col0 + BV of matrix i_mat of the

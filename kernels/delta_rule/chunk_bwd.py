@@ -9,7 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import dot, load_tile, rounded, seq_tile, state_tile, store_tile
+from ltm.kernels.common import (dot, load_tile, rounded, seq_tile, seq_tile_t, state_tile,
+                                store_tile)
 
 
 @triton.jit
@@ -64,21 +65,23 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V
         valid = rows < T
         p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
-        p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        # W^T as stored (BK, BT): no transpose in registers on the sequential path
+        p_wt = seq_tile_t(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
         p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
         b_local = load_tile(p_dh)
         store_tile(p_dh, b_ds)
-        b_k = load_tile(p_k).to(tl.float32)
-        b_w = load_tile(p_w)
+        b_k = load_tile(p_k)
+        b_wt = load_tile(p_wt)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_dd = load_tile(p_dd)
-        b_dd += dot(b_k * k_decay[:, None], b_ds, PRECISION)
+        # the decay on the product's (BT, BV) rows rather than on K's (BT, BK) ones (same maths)
+        b_dd += k_decay[:, None] * dot(b_k, b_ds, PRECISION)
         store_tile(p_dd, b_dd)
-        b_ds = b_ds * tl.exp(G_last) + b_local - dot(tl.trans(b_w), b_dd, PRECISION)
+        b_ds = b_ds * tl.exp(G_last) + b_local - dot(b_wt, b_dd, PRECISION)
     if STORE_DH0:
         p_dh0 = state_tile(dh0, i_bh, K, V, i_v * BV, BK, BV)
         store_tile(p_dh0, b_ds)

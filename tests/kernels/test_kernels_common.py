@@ -7,7 +7,8 @@ from reference import DEVICE, case_seed, rel_err
 from ltm.kernels.rwkv7 import triton_chunk_rwkv7, triton_fused_recurrent_rwkv7
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot, dot_precision, intermediate_dtype, invert_unit_lower,
-                                invert_unit_lower_by_squaring, nan_buffer, rounded)
+                                invert_unit_lower_by_squaring, nan_buffer, rounded, seq_tile,
+                                seq_tile_t, store_tile)
 
 
 def test_block_size_is_a_power_of_two_at_least_16():
@@ -116,3 +117,26 @@ def test_both_rwkv7_ops_raise_one_line_errors_on_bad_inputs(op):
         op(r, r, r, r, r, r, initial_state=torch.zeros(1, 2, 16, 32, device=DEVICE))
     with pytest.raises(ValueError, match=r"^r must hold at least one token"):
         op(*(torch.zeros(1, 0, 2, 32, device=DEVICE) for _ in range(6)))
+
+
+@triton.jit
+def _transposed_tile_kernel(x, out, i_b, i_h, T, H, D: tl.constexpr, row0, col0,
+                            BR: tl.constexpr, BD: tl.constexpr):
+    # read the (BD, BR) transposed tile, write it back as the (BR, BD) tile it is the transpose of
+    ptrs, mask = seq_tile_t(x, i_b, i_h, T, H, D, row0, col0, BR, BD)
+    tile_t = tl.load(ptrs, mask=mask, other=0.)
+    store_tile(seq_tile(out, i_b, i_h, T, H, D, row0, col0, BR, BD), tl.trans(tile_t))
+
+
+@pytest.mark.parametrize("B,T,H,D,row0,col0,BR,BD", [
+    (2, 37, 3, 32, 16, 0, 32, 32),   # the tile runs past T: masked rows
+    (1, 20, 2, 48, 0, 32, 16, 32),   # past D: masked columns
+    (1, 16, 1, 16, 0, 0, 16, 16)])
+def test_seq_tile_t_reads_the_transpose_of_seq_tile(B, T, H, D, row0, col0, BR, BD):
+    x = torch.randn(B, T, H, D, device=DEVICE)
+    out = torch.zeros_like(x)
+    _transposed_tile_kernel[(1,)](x, out, B - 1, H - 1, T, H, D, row0, col0, BR, BD)
+    expect = torch.zeros_like(x)
+    rows, cols = slice(row0, min(row0 + BR, T)), slice(col0, min(col0 + BD, D))
+    expect[B - 1, rows, H - 1, cols] = x[B - 1, rows, H - 1, cols]
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
