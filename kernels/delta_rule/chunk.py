@@ -74,6 +74,7 @@ def _sequential_configs(shape_class: tuple) -> list:
     232,448 (tests/kernels/test_kernels_shared_memory.py), so 1 stage and 8 warps there.
     Where B H cdiv(V, 32) programs leave SMs idle (below twice the SM count) 16-wide blocks double
     them (no gain measured at 2,8192,8,128, 64 programs: tuned per class rather than imposed);
+    below 64 programs (bf16 tiles) they are the default, measured below;
     where there are programs to spare, 64-wide blocks read the (64, K) key tiles half as often."""
     K, V, precision, _, _, sms = shape_class
     programs = _programs_32(shape_class)
@@ -83,6 +84,13 @@ def _sequential_configs(shape_class: tuple) -> list:
     configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16)]
+    if programs < 64 and precision == "bf16":
+        # few programs (a single long sequence of few heads): 16-wide blocks and 4 stages first.
+        # At 1,32768,4,128 (16 programs of 32 columns, 512 steps) the forward took 0.74 against
+        # 1.03 ms and the forward+backward with `_bwd_state` on them 3.47 against 3.57 ms; at
+        # 1,16384,8,64 0.375 against 0.404 and 1.32 against 1.36 ms (H100, bf16,
+        # gpu/sweep_launch.py --wide: 16 or 32 columns x 2 or 4 warps x 2-4 stages)
+        configs = [tuning.config(4, 4, BV=16)] + configs
     if programs >= sms and V >= 64:
         configs += [tuning.config(4, 3, BV=64), tuning.config(8, 2, BV=64)]
     return configs

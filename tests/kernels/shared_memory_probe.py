@@ -72,8 +72,9 @@ def shared_memory(kernel: JITFunction, bound: dict, options: dict) -> int:
     return triton.compile(source, target=HOPPER, options=options).metadata.shared
 
 
-def delta_rule_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
-    B, T, H = 1, 130, 1
+def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[tuple]:
+    # H = 1: the sequential kernels' default for few programs; H = 16: their default otherwise
+    B, T = 1, 130
     q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
     v, beta = torch.randn(B, T, H, V, dtype=dtype), torch.rand(B, T, H, dtype=dtype)
     g, h0 = -torch.rand(B, T, H), torch.randn(B, H, K, V)
@@ -102,7 +103,8 @@ def main(ops: list[str]) -> None:
     K = 128
     for op in ops:
         for dtype in (torch.float32, torch.bfloat16):
-            launches = (delta_rule_launches if op == "delta_rule" else rwkv7_launches)(dtype, K, K)
+            launches = (delta_rule_launches(dtype, K, K) + delta_rule_launches(dtype, K, K, 16)
+                        if op == "delta_rule" else rwkv7_launches(dtype, K, K))
             for kernel, bound, options in launches:
                 row = {"op": op, "kernel": kernel.fn.__name__, "dtype": str(dtype).split(".")[1],
                        "K": K, **options, "shared": shared_memory(kernel, bound, options)}

@@ -194,3 +194,13 @@ def test_grouped_heads_need_a_multiple_of_the_heads():
     with pytest.raises(ValueError, match=r"^g must be \[B, T, H\] = \(1, 4, 4\) like beta"):
         triton_chunk_delta_rule(q, q, q, torch.zeros(1, 4, 4, device=DEVICE),
                                 torch.zeros(1, 4, 2, device=DEVICE))
+
+
+def test_sequential_kernels_take_narrow_value_blocks_where_programs_are_few():
+    from ltm.kernels.delta_rule import chunk as launcher
+    few = launcher._shape_class(1, 32768, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
+    many = launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
+    assert launcher._sequential_configs(few)[0].kwargs["BV"] == 16
+    assert launcher._sequential_configs(many)[0].kwargs["BV"] == 32
+    # float32 tiles keep their measured default everywhere
+    assert launcher._sequential_configs(launcher._shape_class(1, 32768, 4, 64, 64, "tf32x3", None))[0].kwargs["BV"] == 32
