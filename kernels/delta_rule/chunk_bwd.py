@@ -103,8 +103,10 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
     p_q = seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
     p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
-    b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
-    b_k = load_tile(p_k).to(tl.float32)
+    # q and k stay in their input dtype (bf16: half the registers of float32 copies, which this
+    # kernel, the largest of the backward, spilled); q's scale goes on the products instead
+    b_q = load_tile(p_q)
+    b_k = load_tile(p_k)
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_linv = tl.load(linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :])
@@ -140,7 +142,7 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
         # output through the entering state: O += exp(G) Q S0
         dq_state = e_G[:, None] * dot(b_do, tl.trans(b_h), PRECISION)
         b_dq += dq_state
-        b_dG += tl.sum(b_q * dq_state, axis=1)
+        b_dG += (tl.sum(b_q * dq_state, axis=1) * scale).to(tl.float32)
         b_r += dot(b_do, tl.trans(b_d), PRECISION)
         # leaving state: S_BT += (exp(G_last - G) K)^T D
         dk_state = k_decay[:, None] * dot(b_d, tl.trans(b_dh), PRECISION)
@@ -177,8 +179,8 @@ def _bwd_chunk_kernel(q, k, v, beta, w, u, d, dd, gcum, linv, h, dh, do, dq, dk,
     # in-chunk scores: O += (causal exp(G_i - G_j) Q K^T) D
     b_ds = b_r * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
     b_dq += dot(b_ds, b_k, PRECISION)
-    b_dk += dot(tl.trans(b_ds), b_q, PRECISION)
-    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION)
+    b_dk += (dot(tl.trans(b_ds), b_q, PRECISION) * scale).to(tl.float32)
+    p_s = b_ds * (dot(b_q, tl.trans(b_k), PRECISION) * scale).to(tl.float32)
     b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
     b_dG += tl.where(idx == last, dG_last, 0.)
     b_dG = tl.where(valid, b_dG, 0.)
