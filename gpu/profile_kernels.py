@@ -1,6 +1,8 @@
 """Where the time of one forward+backward goes, kernel by kernel (CUDA time from torch.profiler).
 
-    python3 gpu/profile_kernels.py [B,T,H,D] [op,op,...]   # ops: delta_rule, gated_delta_rule, rwkv7
+    python3 gpu/profile_kernels.py [B,T,H,D] [op,op,...] [--ours]
+    # ops: delta_rule, gated_delta_rule, rwkv7; --ours: ours only (fla autotunes for minutes per
+    # new head shape on a fresh machine)
 
 Prints, for each op and implementation present (ours, fla), the GPU time of every kernel summed
 over the profiled repeats and divided by their number: the per-call cost of each stage.
@@ -38,13 +40,15 @@ def profile_impl(name, fn, x):
 
 
 def main():
-    shape = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "8,2048,8,128").split(",")]
+    impls = ("triton",) if "--ours" in sys.argv else ("triton", "fla")
+    argv = [a for a in sys.argv[1:] if a != "--ours"]
+    shape = [int(n) for n in (argv[0] if argv else "8,2048,8,128").split(",")]
     device = torch.device("cuda")
-    ops = sys.argv[2].split(",") if len(sys.argv) > 2 else ["delta_rule", "gated_delta_rule", "rwkv7"]
+    ops = argv[1].split(",") if len(argv) > 1 else ["delta_rule", "gated_delta_rule", "rwkv7"]
     for op in ops:
         x = make_inputs(op, *shape, torch.bfloat16, device)
         for name, fn in implementations(op, device).items():
-            if name in ("triton", "fla"):
+            if name in impls:
                 try:
                     profile_impl(f"{op} {name} {shape}", fn, x)
                 except Exception as err:  # fla's gated backward refuses Hopper with this Triton

@@ -2,6 +2,7 @@
 (the others on their defaults), to check the tuner's lists and to build a heuristic table from.
 
     python3 gpu/sweep_launch.py [rwkv7_loop] [delta_rule] [rwkv7] [--shapes "B,T,H,D;..."] [--wide]
+                                [--only KERNEL,...]    # e.g. --only delta_rule.bwd_chunk
 
 `delta_rule` / `rwkv7`: every configuration on the list of every kernel of the chunked op
 (`ltm.kernels.delta_rule.chunk`, `ltm.kernels.rwkv7.chunk`: `*_configs` of the shape's class),
@@ -75,9 +76,10 @@ def wide_sequential(cls) -> list:
             for bv, warps, stages in itertools.product((16, 32), (2, 4), (2, 3, 4))]
 
 
-def chunked_rows(op: str, shapes, wide: bool = False):
-    """Every configuration of every kernel of `op`, one at a time, the rest on their defaults
-    (with `wide`, only the delta rule's sequential kernels, over `wide_sequential`)."""
+def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None):
+    """Every configuration of every kernel of `op` (of those named in `only`, when given), one at
+    a time, the rest on their defaults (with `wide`, only the delta rule's sequential kernels,
+    over `wide_sequential`)."""
     module = rwkv7_chunk if op == "rwkv7" else delta_rule_chunk
     fn = op_fn(op)
     for shape in shapes:
@@ -87,6 +89,8 @@ def chunked_rows(op: str, shapes, wide: bool = False):
         cls = module._shape_class(B, T, H, D, D, dot_precision(torch.bfloat16, D), torch.device("cuda"))
         for name, configs, pass_ in KERNELS[op]:
             if wide and name not in ("delta_rule.fwd", "delta_rule.bwd_state"):
+                continue
+            if only and name not in only:
                 continue
             configs = wide_sequential if wide else configs
             for cfg in configs(cls):
@@ -109,12 +113,17 @@ def main(argv: list[str]) -> None:
         i = argv.index("--shapes")
         shapes = [tuple(int(n) for n in s.split(",")) for s in argv[i + 1].split(";")]
         argv = argv[:i] + argv[i + 2:]
+    only = None
+    if "--only" in argv:
+        i = argv.index("--only")
+        only = set(argv[i + 1].split(","))
+        argv = argv[:i] + argv[i + 2:]
     wide = "--wide" in argv
     argv = [a for a in argv if a != "--wide"]
     ops = argv or ["delta_rule", "rwkv7"]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     for op in ops:
-        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes, wide)
+        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes, wide, only)
         for name, shape, choice, ms in rows:
             print(f"{name:26} {','.join(map(str, shape)):15} {choice:40} {ms:8.3f} ms", flush=True)
 

@@ -113,13 +113,16 @@ def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
 
 
 # launch paths besides the defaults, forced on every kernel at once: the sequential kernels (and
-# all others) on value blocks narrower or wider than the default 32; in the interpreter only BV
-# changes what runs (warps and stages do not), so one run per value-block layout covers them
+# all others) on value blocks narrower or wider than the default 32, `_bwd_chunk` on two key
+# blocks (narrow) or one (wide); in the interpreter only BV and KSPLIT change what runs (warps and
+# stages do not), so one run per layout covers them
 LAUNCH_PATHS = {
-    "narrow": {"delta_rule.fwd": 16, "delta_rule.bwd_state": 16, "delta_rule.output": 32,
-               "delta_rule.bwd_local": 32, "delta_rule.bwd_chunk": 32},
-    "wide": {"delta_rule.fwd": 64, "delta_rule.bwd_state": 64, "delta_rule.output": 64,
-             "delta_rule.bwd_local": 64, "delta_rule.bwd_chunk": 64},
+    "narrow": {"delta_rule.fwd": {"BV": 16}, "delta_rule.bwd_state": {"BV": 16},
+               "delta_rule.output": {"BV": 32}, "delta_rule.bwd_local": {"BV": 32},
+               "delta_rule.bwd_chunk": {"BV": 32, "KSPLIT": 2}},
+    "wide": {"delta_rule.fwd": {"BV": 64}, "delta_rule.bwd_state": {"BV": 64},
+             "delta_rule.output": {"BV": 64}, "delta_rule.bwd_local": {"BV": 64},
+             "delta_rule.bwd_chunk": {"BV": 64, "KSPLIT": 1}},
 }
 
 
@@ -129,7 +132,7 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
     # odd B and H, V = 80 (no multiple of 16, 32 or 64: the last value block is masked) and T
     # two chunks and 7 tokens; the launch choices of every kernel are the forced ones
     from ltm.kernels import tuning
-    forced = {name: {"BV": bv, "num_warps": 4, "num_stages": 1} for name, bv in LAUNCH_PATHS[path].items()}
+    forced = {name: {**meta, "num_warps": 4, "num_stages": 1} for name, meta in LAUNCH_PATHS[path].items()}
     monkeypatch.setattr(tuning, "FORCED", forced)
     launched = []
     launch = tuning.launch
