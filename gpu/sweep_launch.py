@@ -76,10 +76,20 @@ def wide_sequential(cls) -> list:
             for bv, warps, stages in itertools.product((16, 32), (2, 4), (2, 3, 4))]
 
 
+def wide_bwd_chunk(cls) -> list:
+    """`--wide` for the delta rule's `_bwd_chunk`: value blocks 16-64, 4 or 8 warps, 1 or 2 stages."""
+    return [tuning.config(warps, stages, BV=bv)
+            for bv, warps, stages in itertools.product((16, 32, 64), (4, 8), (1, 2))]
+
+
+WIDE = {"delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
+        "delta_rule.bwd_chunk": wide_bwd_chunk}
+
+
 def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None):
     """Every configuration of every kernel of `op` (of those named in `only`, when given), one at
-    a time, the rest on their defaults (with `wide`, only the delta rule's sequential kernels,
-    over `wide_sequential`)."""
+    a time, the rest on their defaults (with `wide`, only the delta rule's kernels in `WIDE`,
+    over their wider grids)."""
     module = rwkv7_chunk if op == "rwkv7" else delta_rule_chunk
     fn = op_fn(op)
     for shape in shapes:
@@ -88,11 +98,11 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None):
                         torch.device("cuda"))
         cls = module._shape_class(B, T, H, D, D, dot_precision(torch.bfloat16, D), torch.device("cuda"))
         for name, configs, pass_ in KERNELS[op]:
-            if wide and name not in ("delta_rule.fwd", "delta_rule.bwd_state"):
+            if wide and name not in WIDE:
                 continue
             if only and name not in only:
                 continue
-            configs = wide_sequential if wide else configs
+            configs = WIDE[name] if wide else configs
             for cfg in configs(cls):
                 choice = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 label = " ".join(f"{key}={value}" for key, value in choice.items())

@@ -116,23 +116,20 @@ def _prep_configs(shape_class: tuple) -> list:
 
 
 def _bwd_chunk_configs(shape_class: tuple) -> list:
-    """`_bwd_chunk_kernel`: BV is the value columns taken per step of its loop over V, KSPLIT the
-    key blocks per chunk and head (each one program). K <= 64: one key block, all 64 columns of a
-    64-wide value head at once with 4 warps (0.89 against 1.07 ms at 8,2048,12,64). K = 128: two
-    key blocks of 64 by default (one whole-K program of 8 warps held three (64, 128) float32
-    accumulators and spilled: 4.5 of 8.7 ms of the forward+backward at 2,32768,8,128, against 1.3
-    for fla's equivalent kernels; H100, gpu/profile_kernels.py), 32 value columns a step (64: 2.10-
-    2.39 against 1.89 ms for one key block), 8 warps, 2 stages. Two key blocks need key blocks of
-    at least 16 (tl.dot), so K > 16."""
+    """`_bwd_chunk_kernel`: BV is the value columns taken per step of its loop over V. Default: all
+    64 of a 64-wide head at once with 4 warps (0.89 against 1.07 ms at 8,2048,12,64); at K = 128,
+    32 columns (64: 2.10-2.39 against 1.89 ms) and 8 warps with 2 stages (2.19 against 2.29 ms at
+    8,2048,8,128; 16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory
+    access). With float32 tiles at K = 128 the two stages take 229,376 of the 232,448 bytes.
+    Two programs per chunk and head, one per half of K, were slower at every shape measured
+    (6.35-6.77 against 6.18 ms forward+backward at 2,32768,8,128, 2.75-3.01 against 2.69 at
+    4,4096,16,128, 1.46-1.91 against 1.36 at 8,2048,16,64; H100, gpu/sweep_launch.py): the (BT, BT)
+    products over V that both halves need cost more than the narrower accumulators save."""
     K, V = shape_class[0], shape_class[1]
-    split = [tuning.config(8, 2, BV=32, KSPLIT=2), tuning.config(4, 2, BV=32, KSPLIT=2),
-             tuning.config(8, 2, BV=64, KSPLIT=2)] if K > 16 else []
     if K <= 64 and V >= 64:
-        return [tuning.config(4, 2, BV=64, KSPLIT=1), tuning.config(4, 1, BV=64, KSPLIT=1),
-                tuning.config(4, 2, BV=32, KSPLIT=1)] + split
-    whole = [tuning.config(8 if K > 64 else 4, 2, BV=32, KSPLIT=1),
-             tuning.config(8 if K > 64 else 4, 1, BV=32, KSPLIT=1)]
-    return split + whole if K > 64 else whole + split
+        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
+    return [tuning.config(8 if K > 64 else 4, 2, BV=32), tuning.config(8 if K > 64 else 4, 1, BV=32),
+            tuning.config(4 if K > 64 else 8, 2, BV=32)]
 
 
 # each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
@@ -211,14 +208,11 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     # gpu/grouped_heads_bench.py; torch's sum accumulates the bf16 shares in float32 and rounds once)
     dq, dk = nan_buffer((B, T, H, K), q.dtype, dev), nan_buffer((B, T, H, K), k.dtype, dev)
     dv = nan_buffer((B, T, H, V), v.dtype, dev)
-    # each key block adds its share of dbeta and dg (float32, from zero)
-    dbeta, dg = torch.zeros(beta.shape, dtype=f32, device=dev), torch.zeros(beta.shape, dtype=f32, device=dev)
-    tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (m["KSPLIT"], NT, B * H),
+    dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
+    tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
                   _bwd_chunk_configs(cls), cls,
                   {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk,
-                           dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision},
-                  restore=("dbeta", "dg"))
-    dbeta = dbeta.to(beta.dtype)
+                           dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     if H == 2 * HQ:  # an elementwise add: torch's strided sum over the group ran at ~40% of DRAM
         dq, dk, dv = (x[:, :, :HQ] + x[:, :, HQ:] for x in (dq, dk, dv))
     elif H != HQ:

@@ -2,7 +2,7 @@
 
 `_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients.
 `_bwd_state_kernel` (sequential, backwards over chunks): the rest of dD and of the state gradients.
-`_bwd_chunk_kernel` (chunk-parallel, per key block): dq, dk, dv, dbeta, dg.
+`_bwd_chunk_kernel` (chunk-parallel): dq, dk, dv, dbeta, dg.
 """
 from __future__ import annotations
 
@@ -90,28 +90,22 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V
 @triton.jit
 def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg,
                       scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, KSPLIT: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    # one program per key block (KSPLIT of them), chunk and head: dq and dk of its BK / KSPLIT key
-    # columns, its share of dbeta and dg (atomically added: every share starts from zero, so with
-    # at most two shares the sum does not depend on their order), and, in the first key block,
-    # dv. The (BT, BT) products over the value columns (dO D^T, dA) are computed by every key
-    # block: that is the price of accumulators of half the width (the whole-K program spilled).
-    BKS: tl.constexpr = BK // KSPLIT
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                      BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    # one program per chunk and head, looping over the value columns; two (BT, BK) float32
+    # accumulators (dq, dk) and two (BT, BT) ones: the gradient of W is never formed (see dA below)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     rows = i_t * BT + idx
     valid = rows < T
-    first = i_k == 0
     # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
     strict = (idx[:, None] > idx[None, :]) & valid[:, None]
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
     # q and k stay in their input dtype; q's scale goes on the products instead
-    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, i_k * BKS, BT, BKS))
-    b_k = load_tile(seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, i_k * BKS, BT, BKS))
+    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
+    b_k = load_tile(seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_linv = tl.load(linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :])
@@ -119,22 +113,17 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
     G_last = tl.sum(tl.where(idx == last, b_G, 0.))
     e_G = tl.exp(b_G)
     k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-    b_dq = tl.zeros([BT, BKS], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BKS], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     # (BT, BT): dO D^T, and the gradient of L (before the sign and the strict-lower mask)
     b_r = tl.zeros([BT, BT], dtype=tl.float32)
     b_da = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     b_dG = tl.zeros([BT], dtype=tl.float32)
     dG_last = 0.
-    # the state rows of this key block: (BKS, BV) tiles of the per-chunk [K, V] matrices
-    s_rows = i_k * BKS + tl.arange(0, BKS)
-    s_off = (i_bh * NT + i_t).to(tl.int64) * (K * V) + s_rows[:, None] * V
     for i_v in range(tl.cdiv(V, BV)):
-        cols = i_v * BV + tl.arange(0, BV)
-        s_mask = (s_rows < K)[:, None] & (cols < V)[None, :]
-        b_h = tl.load(h + s_off + cols[None, :], mask=s_mask, other=0.)
-        b_dh = tl.load(dh + s_off + cols[None, :], mask=s_mask, other=0.)
+        b_h = load_tile(state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV))
+        b_dh = load_tile(state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV))
         b_d = load_tile(seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
         b_dd = load_tile(seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
         b_do = load_tile(seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
@@ -159,12 +148,10 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
         dyk_k = tl.sum(b_dyk * b_k, axis=1) * e_G
         b_dbeta += dyk_k
         b_dG += dyk_k * b_beta
-        p_v, v_mask = seq_tile(v, i_b, i_hq, T, HQ, V, i_t * BT, i_v * BV, BT, BV)
-        b_v = tl.load(p_v, mask=v_mask & first, other=0.).to(tl.float32)
+        b_v = load_tile(seq_tile(v, i_b, i_hq, T, HQ, V, i_t * BT, i_v * BV, BT, BV)).to(tl.float32)
         b_dbeta += tl.sum(b_dyv * b_v, axis=1)
-        p_dv, dv_mask = seq_tile(dv, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-        tl.store(p_dv, rounded(b_dyv * b_beta[:, None], p_dv.dtype.element_ty), mask=dv_mask & first)
-    # A_ij = beta_i k_i.k_j exp(G_i - G_j), strictly lower; k_i.k_j is this key block's share
+        store_tile(seq_tile(dv, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV), b_dyv * b_beta[:, None])
+    # A_ij = beta_i k_i.k_j exp(G_i - G_j), strictly lower
     b_da = tl.where(strict, -b_da, 0.)
     gamma = tl.where(strict, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
     kk = dot(b_k, tl.trans(b_k), PRECISION)
@@ -185,7 +172,7 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
     b_dG = tl.where(valid, b_dG, 0.)
     # G is a cumulative sum of g inside the chunk: dg_j = sum_{i >= j} dG_i
     b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
-    store_tile(seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, i_k * BKS, BT, BKS), b_dq * scale)
-    store_tile(seq_tile(dk, i_b, i_h, T, H, K, i_t * BT, i_k * BKS, BT, BKS), b_dk)
-    tl.atomic_add(dbeta + (i_b * T + rows) * H + i_h, b_dbeta, mask=valid)
-    tl.atomic_add(dg + (i_b * T + rows) * H + i_h, b_dg, mask=valid)
+    store_tile(seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dq * scale)
+    store_tile(seq_tile(dk, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dk)
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, rounded(b_dbeta, dbeta.dtype.element_ty), mask=valid)
+    tl.store(dg + (i_b * T + rows) * H + i_h, rounded(b_dg, dg.dtype.element_ty), mask=valid)

@@ -113,16 +113,15 @@ def test_forward_substitution_inverse_matches_the_token_loop_too(monkeypatch):
 
 
 # launch paths besides the defaults, forced on every kernel at once: the sequential kernels (and
-# all others) on value blocks narrower or wider than the default 32, `_bwd_chunk` on two key
-# blocks (narrow) or one (wide); in the interpreter only BV and KSPLIT change what runs (warps and
-# stages do not), so one run per layout covers them
+# all others) on value blocks narrower or wider than the default 32; in the interpreter only BV
+# changes what runs (warps and stages do not), so one run per value-block layout covers them
 LAUNCH_PATHS = {
     "narrow": {"delta_rule.fwd": {"BV": 16}, "delta_rule.bwd_state": {"BV": 16},
                "delta_rule.output": {"BV": 32}, "delta_rule.bwd_local": {"BV": 32},
-               "delta_rule.bwd_chunk": {"BV": 32, "KSPLIT": 2}},
+               "delta_rule.bwd_chunk": {"BV": 32}},
     "wide": {"delta_rule.fwd": {"BV": 64}, "delta_rule.bwd_state": {"BV": 64},
              "delta_rule.output": {"BV": 64}, "delta_rule.bwd_local": {"BV": 64},
-             "delta_rule.bwd_chunk": {"BV": 64, "KSPLIT": 1}},
+             "delta_rule.bwd_chunk": {"BV": 64}},
 }
 
 
