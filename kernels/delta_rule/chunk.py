@@ -79,8 +79,9 @@ def _sequential_configs(shape_class: tuple) -> list:
     K, V, precision, _, _, sms = shape_class
     programs = _programs_32(shape_class)
     if K > 64 and precision != "bf16":
-        configs = [tuning.config(8, 1, BV=32), tuning.config(4, 1, BV=32)]
-        return configs + ([tuning.config(8, 1, BV=16)] if programs < 2 * sms else [])
+        # 16-wide blocks with 1 stage left the list: forward outputs 3-5% off in float32 on an H100
+        # (Triton 3.6; tests/kernels/test_kernels_delta_rule.py checks every listed launch there)
+        return [tuning.config(8, 1, BV=32), tuning.config(4, 1, BV=32)]
     configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16)]
