@@ -137,7 +137,7 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
         b_dk += dk_state
         sk = tl.sum(b_k * dk_state, axis=1)
         b_dG -= sk
-        dG_last += tl.sum(sk) + tl.exp(G_last) * tl.sum(b_h * b_dh)
+        dG_last += tl.sum(sk) + tl.exp(G_last) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32))
         # D = U - W S0 with U = L^-1 (beta V), W = L^-1 (beta exp(G) K): dU = dD, dW = -dD S0^T,
         # so L^-T dW = -(L^-T dD) S0^T, and dL^-1's share dA = (L^-T dD) U^T + (L^-T dW) W^T
         # = (L^-T dD) (U - W S0)^T = (L^-T dD) D^T: neither W nor U is read

@@ -38,6 +38,7 @@ def tuned(monkeypatch):
     calls = []
     monkeypatch.setattr(tuning, "AUTOTUNE", True)
     monkeypatch.setattr(tuning, "_TUNERS", {})
+    monkeypatch.setattr(tuning, "_TUNED", {})
     monkeypatch.setattr(tuning, "_bench", host_bench(calls))
     return calls
 
@@ -66,6 +67,24 @@ def test_tuned_delta_rule_matches_the_token_loop(tuned, monkeypatch, sms):
     widths = {t["BV"] for row in tuning.chosen() if row["kernel"] in ("delta_rule.fwd", "delta_rule.bwd_state")
               for t in row["timings"]}
     assert widths == ({32, 64} if sms == 1 else {16, 32})
+
+
+class NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("a tuned class was launched through its tuner")
+
+
+def test_a_tuned_class_is_launched_directly(tuned, monkeypatch):
+    xs = delta_rule_tests.make_inputs(1, delta_rule_tests.CHUNK + 3, 2, 32, 32, "weak", False,
+                                      torch.float32, case_seed())
+    q, k, v, beta, g, _ = xs
+    first = triton_chunk_delta_rule(q, k, v, beta, g)[0]
+    timed = len(tuned)
+    assert timed > 0 and tuning.chosen()
+    # every tuner replaced by one that fails when launched: the second call must not use them
+    monkeypatch.setattr(tuning, "_TUNERS", {key: NoLaunch() for key in tuning._TUNERS})
+    second = triton_chunk_delta_rule(q, k, v, beta, g)[0]
+    assert len(tuned) == timed and torch.equal(first, second)
 
 
 def test_tuned_rwkv7_matches_the_token_loop(tuned):
