@@ -97,6 +97,20 @@ def _sequential_configs(shape_class: tuple) -> list:
     return configs
 
 
+# dtypes of the backward's buffers: dd (dD), dh_local (each chunk's own (exp(G) Q)^T dO, from
+# `_bwd_local` to `_bwd_state`) and dh (the chunk-state gradients `_bwd_chunk` reads; the same
+# buffer as dh_local when their dtypes agree). "mid": the saved intermediates' dtype (bfloat16
+# with bf16 tiles, where `dot` rounds its operands to it anyway), "f32": float32.
+# gpu/bwd_buffers_bench.py times the choices. All three "mid" took `_bwd_chunk` from 2.11 to
+# 1.88 ms and `_bwd_local` from 0.72 to 0.55 ms at 2,32768,8,128 but doubled `_bwd_state`
+# (1.37 -> 2.73 ms; H100, Triton 3.6, bf16)
+BWD_BUFFERS = {"dd": "f32", "dh_local": "f32", "dh": "f32"}
+
+
+def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
+    return mid if BWD_BUFFERS[name] == "mid" else torch.float32
+
+
 def _parallel_configs(shape_class: tuple) -> list:
     """`_output_kernel` and `_bwd_local_kernel` (chunk-parallel, one program per value block,
     chunk and head). Default: 32-wide blocks, 4 warps, 1 stage (forward 0.33 against 0.41 ms with
@@ -191,23 +205,23 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)
     cls = _shape_class(B, T, H, K, V, precision, dev)
-    # dD and the chunk-state gradients reach `_bwd_chunk` only as `dot` operands, rounded there to
-    # `mid` anyway; `_bwd_state` adds to them in float32 registers and stores them rounded. At
-    # 2,32768,8,128 float32 dh alone was 537 MB, written, read and rewritten, and read once more
     mid = intermediate_dtype(precision)
-    dd = nan_buffer((B, T, H, V), mid, dev)
-    dh = nan_buffer((B * H, NT, K, V), mid, dev)
+    dd = nan_buffer((B, T, H, V), _bwd_dtype("dd", mid), dev)
+    dh_local = nan_buffer((B * H, NT, K, V), _bwd_dtype("dh_local", mid), dev)
+    dh = (dh_local if _bwd_dtype("dh", mid) == dh_local.dtype
+          else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid), dev))
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     tuning.launch("delta_rule.bwd_local", _bwd_local_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), NT, B * H), _parallel_configs(cls), cls,
-                  {**_args("_bwd_local_kernel", q, k, gcum, do, dd, dh, scale, T, H, HQ, K, V, BT, BK),
+                  {**_args("_bwd_local_kernel", q, k, gcum, do, dd, dh_local, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
-    # it adds to dd and replaces dh in place: tuning restores them after each timed run
+    # it adds to dd and may write dh over dh_local: tuning restores them after each timed run
     tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
-                  {**_args("_bwd_state_kernel", k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K, V, BT, BK),
+                  {**_args("_bwd_state_kernel", k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K, V,
+                           BT, BK),
                    "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
-                  restore=("dd", "dh"))
+                  restore=("dd", "dh_local"))
     # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
     # cost 0.4-0.7 ms more than the sum saves at 8k-16k tokens of 8-16 heads: H100, bf16,
     # gpu/grouped_heads_bench.py; torch's sum accumulates the bf16 shares in float32 and rounds once)

@@ -44,11 +44,13 @@ def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, HQ, K: tl.constexpr, 
 
 
 @triton.jit
-def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
+def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
     # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
-    # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD
+    # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD. It reads each chunk's
+    # (exp(G) Q)^T dO from dh_local and writes the gradient of its end state to dh (the same
+    # buffer, or two of different dtypes: chunk.py's BWD_BUFFERS)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
@@ -63,13 +65,14 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V
         i_t = NT - 1 - j
         rows = i_t * BT + idx
         valid = rows < T
+        p_local = state_tile(dh_local, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         # W^T as stored (BK, BT): no transpose in registers on the sequential path
         p_wt = seq_tile_t(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
         p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
-        b_local = load_tile(p_dh)
+        b_local = load_tile(p_local).to(tl.float32)
         store_tile(p_dh, b_ds)
         b_k = load_tile(p_k)
         b_wt = load_tile(p_wt)
@@ -77,7 +80,7 @@ def _bwd_state_kernel(k, w, gcum, dd, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-        b_dd = load_tile(p_dd)
+        b_dd = load_tile(p_dd).to(tl.float32)
         # the decay on the product's (BT, BV) rows rather than on K's (BT, BK) ones (same maths)
         b_dd += k_decay[:, None] * dot(b_k, b_ds, PRECISION)
         store_tile(p_dd, b_dd)
