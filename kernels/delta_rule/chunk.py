@@ -101,10 +101,13 @@ def _sequential_configs(shape_class: tuple) -> list:
 # `_bwd_local` to `_bwd_state`) and dh (the chunk-state gradients `_bwd_chunk` reads; the same
 # buffer as dh_local when their dtypes agree). "mid": the saved intermediates' dtype (bfloat16
 # with bf16 tiles, where `dot` rounds its operands to it anyway), "f32": float32.
-# gpu/bwd_buffers_bench.py times the choices. All three "mid" took `_bwd_chunk` from 2.11 to
-# 1.88 ms and `_bwd_local` from 0.72 to 0.55 ms at 2,32768,8,128 but doubled `_bwd_state`
-# (1.37 -> 2.73 ms; H100, Triton 3.6, bf16)
-BWD_BUFFERS = {"dd": "f32", "dh_local": "f32", "dh": "f32"}
+# gpu/bwd_buffers_bench.py times the choices: all three "mid" was the fastest of the 8 at each
+# of 4 shapes, forward+backward 5.07 against 5.73 ms at 2,32768,8,128, 2.10 against 2.39 at
+# 32,2048,4,128, 6.55 against 7.29 at 8,8192,32,64, 1.08 against 1.22 at 8,2048,8,128 (H100,
+# Triton 3.6, bf16; gradients within 1.7e-3 of the float32 choice's). `_bwd_state` converts
+# its loads to float32 first: adding float32 products to the bfloat16 tiles as loaded had made
+# it 2x slower (1.37 -> 2.73 ms at 2,32768,8,128)
+BWD_BUFFERS = {"dd": "mid", "dh_local": "mid", "dh": "mid"}
 
 
 def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
