@@ -148,6 +148,21 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
     assert set(forced) <= set(launched)
 
 
+# the backward's buffers in float32 or bfloat16 (`BWD_BUFFERS`; bfloat16 only with bf16 tiles,
+# heads >= 64): every mix, including dh_local and dh as two buffers of different dtypes
+@pytest.mark.parametrize("choice", [("f32", "f32", "f32"), ("mid", "f32", "mid"), ("f32", "mid", "f32")],
+                         ids=lambda c: "-".join(c))
+def test_backward_buffer_dtypes_match_the_token_loop(monkeypatch, choice):
+    from ltm.kernels.delta_rule import chunk as launcher
+    monkeypatch.setattr(launcher, "BWD_BUFFERS", dict(zip(("dd", "dh_local", "dh"), choice)))
+    seed = case_seed()
+    tol_out, tol_grad = TOLERANCE[torch.bfloat16]
+    xs = make_inputs(2, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16, seed)
+    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
+                             grad_bounds={"g": DG_HALF_BOUND})
+
+
 def _listed_launches(kernel: str, B: int, T: int, H: int, K: int, dtype) -> list[dict]:
     """The configurations on `kernel`'s list for the shape's class on this device."""
     from ltm.kernels.common import dot_precision
