@@ -25,12 +25,15 @@ B H is smallest, then the rest), and a shape is skipped once `--budget-s` is spe
 rewritten after every row, so a run cut at its limit keeps what it measured. The table, the
 geometric mean and the worst x_fla per op and pass are printed last.
 
-On a GPU (unless --no-warm) the script first compiles every kernel of the part in parallel: one process
+With --warm, on a GPU, the script first compiles every kernel of the part in parallel: one process
 per head shape (H, D) runs ours and fla once at its first grid shape, so Triton's on-disk cache
 holds every compiled configuration before the measuring process starts. The warm processes run
 with FLA_CACHE_RESULTS=0: fla's autotuning picks made there, under the contention of seven
 processes on one GPU, are thrown away, and the measuring process re-runs fla's autotuning alone
-on the GPU (only the benchmarking of its configurations, the compilation is cached).
+on the GPU (only the benchmarking of its configurations, the compilation is cached). Off by
+default since 2026-11-25: on a fresh H100 all seven warm processes hit a 150 s limit (168 s
+lost), while a run without it measured all 30 (op, shape) pairs of part 1 in 232 s (fla's
+autotuning carried in) and 29 of them in ~360 s on a fresh machine.
 
 Time on one H100 (estimate, fresh machine, empty Triton cache): fla's autotuning ~60-100 s per
 part (62 s and 32 s for its first delta-rule backward at D = 128 and 64 on 2026-11-23), our
@@ -445,8 +448,10 @@ def main(argv=None) -> None:
                                        "gated_delta_rule, rwkv7, decode)")
     parser.add_argument("--no-default", action="store_true",
                         help="skip the timing of our default configurations")
+    parser.add_argument("--warm", action="store_true",
+                        help="compile in parallel before the measurements (see the docstring)")
     parser.add_argument("--no-warm", action="store_true",
-                        help="skip the parallel compilation before the measurements")
+                        help="no parallel compilation first (the default; kept for old commands)")
     parser.add_argument("--warm-timeout-s", type=float, default=300.0)
     parser.add_argument("--warm-only", help="B,T,H,D: compile this shape's head group and exit "
                                             "(the worker of the parallel warm-up)")
@@ -487,7 +492,7 @@ def main(argv=None) -> None:
     if args.fla_past_hopper_guard:
         env["fla_past_hopper_guard"] = fla_past_hopper_guard()
     print(json.dumps(env), flush=True)
-    if not (args.no_warm or args.tiny) and grid_ops:
+    if args.warm and not (args.no_warm or args.tiny) and grid_ops:
         env["warm"] = warm_in_parallel(grid_ops, ORDER, args.warm_timeout_s)
         print(json.dumps({"warm": env["warm"], "s": round(time.time() - start, 1)}), flush=True)
     ceilings = measure_ceilings(DEVICE, 25, 100)
