@@ -78,8 +78,9 @@ def dot_precision(dtype: torch.dtype, head_dim: int) -> str:
     float32, as fla does; on an H100 this made the delta rule's forward+backward 1.4x faster at
     8,2048,8,128 (3.30 -> 2.35 ms) with errors against float64 of 3.7e-3 (o) and <= 4.1e-3
     (gradients), against 2.2e-3 and 2.8e-3 with tf32 tiles (the delta rule's backward buffers in
-    bfloat16 since 2026-11-25, `BWD_BUFFERS`: gradients up to 0.4e-3 further off on the CPU). Everything else: "tf32x3" (three
-    tf32 products, float32-level error ~1e-6, on the tensor cores; plain "ieee" spills heavily at
+    bfloat16 since 2026-11-25, `BWD_BUFFERS`: gradients up to 0.4e-3 further off on the CPU).
+    Everything else: "tf32x3" (three tf32 products, float32-level error ~1e-6, on the tensor
+    cores; plain "ieee" spills heavily at
     K = 128 and compiles for minutes). Single tf32 products (~5e-4 rounding) were not enough:
     a gradient that is a sum with cancellation (dbeta at B1-T1-H1-D32) came out 2.6e-2 off, and
     small heads cost little either way."""
