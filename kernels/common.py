@@ -80,10 +80,9 @@ def dot_precision(dtype: torch.dtype, head_dim: int) -> str:
     (gradients), against 2.2e-3 and 2.8e-3 with tf32 tiles (the delta rule's backward buffers in
     bfloat16 since 2026-11-25, `BWD_BUFFERS`: gradients up to 0.4e-3 further off on the CPU).
     Everything else: "tf32x3" (three tf32 products, float32-level error ~1e-6, on the tensor
-    cores; plain "ieee" spills heavily at
-    K = 128 and compiles for minutes). Single tf32 products (~5e-4 rounding) were not enough:
-    a gradient that is a sum with cancellation (dbeta at B1-T1-H1-D32) came out 2.6e-2 off, and
-    small heads cost little either way."""
+    cores; plain "ieee" spills heavily at K = 128 and compiles for minutes). Single tf32
+    products (~5e-4 rounding) were not enough: a gradient that is a sum with cancellation (dbeta
+    at B1-T1-H1-D32) came out 2.6e-2 off, and small heads cost little either way."""
     if dtype == torch.bfloat16 and head_dim >= 64:
         return "bf16"
     return "tf32x3"
