@@ -5,9 +5,17 @@ Run as a script, without TRITON_INTERPRET (the interpreter neither compiles nor 
 choices): `python tests/kernels/shared_memory_probe.py`. The launchers run on CPU tensors with
 Triton's launch replaced by a recorder, so nothing executes; the recorded calls are then compiled
 for the GPU target. No GPU is needed, only Triton's bundled ptxas.
+
+With `--registers` each row also gives the registers per thread and the bytes per thread that
+ptxas spills to local memory (`ptxas -v` on the kernel's PTX): a CPU-side look at what a
+launch choice costs in registers, to be timed on a GPU before anything is concluded.
 """
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -66,10 +74,29 @@ def signature_of(kernel: JITFunction, bound: dict) -> tuple[dict, dict]:
     return signature, constexprs
 
 
-def shared_memory(kernel: JITFunction, bound: dict, options: dict) -> int:
+def compiled(kernel: JITFunction, bound: dict, options: dict):
     signature, constexprs = signature_of(kernel, bound)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=HOPPER, options=options).metadata.shared
+    return triton.compile(source, target=HOPPER, options=options)
+
+
+def shared_memory(kernel: JITFunction, bound: dict, options: dict) -> int:
+    return compiled(kernel, bound, options).metadata.shared
+
+
+def registers(ptx: str) -> dict:
+    """Registers per thread and spilled bytes per thread of one kernel's PTX (ptxas -v, sm_90a)."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.ptx")
+        Path(path).write_text(ptx)
+        report = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    used = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return {"registers": int(used.group(1)) if used else None,
+            "spill_stores": int(spills.group(1)) if spills else 0,
+            "spill_loads": int(spills.group(2)) if spills else 0}
 
 
 def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[tuple]:
@@ -98,7 +125,7 @@ def rwkv7_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     return record_launches(launch)
 
 
-def main(ops: list[str]) -> None:
+def main(ops: list[str], with_registers: bool = False) -> None:
     # the widest heads the ops take; float16 inputs multiply float32 tiles, as float32 ones do
     K = 128
     for op in ops:
@@ -106,10 +133,14 @@ def main(ops: list[str]) -> None:
             launches = (delta_rule_launches(dtype, K, K) + delta_rule_launches(dtype, K, K, 16)
                         if op == "delta_rule" else rwkv7_launches(dtype, K, K))
             for kernel, bound, options in launches:
+                done = compiled(kernel, bound, options)
                 row = {"op": op, "kernel": kernel.fn.__name__, "dtype": str(dtype).split(".")[1],
-                       "K": K, **options, "shared": shared_memory(kernel, bound, options)}
+                       "K": K, **options, "BV": bound.get("BV"), "shared": done.metadata.shared}
+                if with_registers:
+                    row.update(registers(done.asm["ptx"]))
                 print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["delta_rule", "rwkv7"])
+    args = [a for a in sys.argv[1:] if a != "--registers"]
+    main(args or ["delta_rule", "rwkv7"], "--registers" in sys.argv)
