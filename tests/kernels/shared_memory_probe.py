@@ -80,10 +80,6 @@ def compiled(kernel: JITFunction, bound: dict, options: dict):
     return triton.compile(source, target=HOPPER, options=options)
 
 
-def shared_memory(kernel: JITFunction, bound: dict, options: dict) -> int:
-    return compiled(kernel, bound, options).metadata.shared
-
-
 def registers(ptx: str) -> dict:
     """Registers per thread and spilled bytes per thread of one kernel's PTX (ptxas -v, sm_90a)."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
