@@ -12,7 +12,9 @@ Parts, in order (each skipped, with a note, once --budget-s is spent):
   ttt       time to target on the token cache (data/cache, carried): a 4-layer model trained
             the same steps and lr schedule with AdamW and with Muon (bf16; eager, or with
             --ttt-compile compiled after a short run that warms the caches); the target is
-            AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png
+            AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png.
+            --ttt-batch B (default 32) keeps the tokens, warm-up and evaluations of batch 32;
+            --ttt-muon-lr Muon's peak lr (default 0.02), --ttt-lr AdamW's (default 3e-3)
   deltanet  tokens/s of attention and DeltaNet (kernel triton) at T=2048 and 8192, 16k tokens per
             step, with the levers the ablate part kept (train.optimizer left as it was)
 
@@ -155,14 +157,19 @@ def ttt_part(args, out: dict, tmp: str) -> None:
     model = ModelConfig(vocab_size=0, n_layers=2 if tiny else 4, d_model=64 if tiny else 256,
                         n_heads=2 if tiny else 4, max_seq_len=256, kernel="torch")
     cuda = torch.cuda.is_available()
-    base = dict(steps=20 if tiny else args.ttt_steps, batch_size=4 if tiny else 32,
-                seq_len=64 if tiny else 256, warmup_steps=2 if tiny else 30, lr=3e-3, min_lr=3e-4,
-                eval_every=5 if tiny else 25, eval_batches=2 if tiny else 4, checkpoint_every=0,
+    # --ttt-batch: the same tokens, warm-up and evaluation points in tokens as at batch 32
+    per_32 = 32 / args.ttt_batch
+    base = dict(steps=20 if tiny else max(1, round(args.ttt_steps * per_32)),
+                batch_size=4 if tiny else args.ttt_batch, seq_len=64 if tiny else 256,
+                warmup_steps=2 if tiny else max(1, round(30 * per_32)), lr=args.ttt_lr,
+                min_lr=args.ttt_lr / 10,
+                eval_every=5 if tiny else max(1, round(25 * per_32)), eval_batches=2 if tiny else 4,
+                checkpoint_every=0,
                 resume=False, log_every=10, timing_warmup=1,
                 counterpart={"enabled": False},
                 opt={"amp": "bf16" if cuda else "off", "compile": args.ttt_compile, "workers": 0})
     runs = {}
-    for name, extra in (("adamw", {}), ("muon", {"optimizer": "muon", "muon_lr": 0.02})):
+    for name, extra in (("adamw", {}), ("muon", {"optimizer": "muon", "muon_lr": args.ttt_muon_lr})):
         cfg = from_mapping(TrainConfig, {**base, **extra}, "train")
         if args.ttt_compile:
             # a short run of the same configuration first: the timed run then finds the compiled
@@ -180,6 +187,8 @@ def ttt_part(args, out: dict, tmp: str) -> None:
         run.update(time_to_target(run["curve"], target))
     a, m = runs["adamw"].get("time_to_target_s"), runs["muon"].get("time_to_target_s")
     out["ttt"] = {"target_loss": target, "runs": runs, "data": cache, "compile": args.ttt_compile,
+                  "batch_size": base["batch_size"], "steps": base["steps"], "lr": args.ttt_lr,
+                  "muon_lr": args.ttt_muon_lr,
                   "muon_speedup": a / m if a and m else None}
     figure(runs, target, Path(args.out).with_suffix(".png"))
     for name, run in runs.items():
@@ -245,6 +254,11 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--budget-s", type=float, default=520.0)
     parser.add_argument("--ttt-steps", type=int, default=600)
+    parser.add_argument("--ttt-batch", type=int, default=32,
+                        help="time to target: sequences per step (steps scaled to the same tokens)")
+    parser.add_argument("--ttt-muon-lr", type=float, default=0.02)
+    parser.add_argument("--ttt-lr", type=float, default=3e-3,
+                        help="AdamW's peak lr (Muon's AdamW part too), the minimum a tenth of it")
     parser.add_argument("--ttt-compile", action="store_true",
                         help="time to target with torch.compile (model and Muon's step), caches warm")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU")
