@@ -14,7 +14,9 @@ Parts, in order (each skipped, with a note, once --budget-s is spent):
             --ttt-compile compiled after a short run that warms the caches); the target is
             AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png.
             --ttt-batch B (default 32) keeps the tokens, warm-up and evaluations of batch 32;
-            --ttt-muon-lr Muon's peak lr (default 0.02), --ttt-lr AdamW's (default 3e-3)
+            --ttt-muon-lr Muon's peak lr (default 0.02), --ttt-lr AdamW's (default 3e-3);
+            --ttt-runs "adamw:16:3e-3,muon:64:1e-2" any list of optimizer:batch:lr (lr: AdamW's,
+            or that of Muon's AdamW part), the same tokens each, the first run the reference
   deltanet  tokens/s of attention and DeltaNet (kernel triton) at T=2048 and 8192, 16k tokens per
             step, with the levers the ablate part kept (train.optimizer left as it was)
 
@@ -146,8 +148,47 @@ def ablate_part(args, out: dict) -> None:
                         "note"]].to_string(index=False))
 
 
+def ttt_runs(args) -> list[dict]:
+    """--ttt-runs "optimizer:batch:lr,..." (the first is the reference whose final loss is the
+    target), or by default AdamW and Muon at --ttt-batch and --ttt-lr."""
+    text = args.ttt_runs or f"adamw:{args.ttt_batch}:{args.ttt_lr},muon:{args.ttt_batch}:{args.ttt_lr}"
+    runs = []
+    for item in text.split(","):
+        try:
+            optimizer, batch, lr = item.split(":")
+            runs.append({"optimizer": optimizer, "batch": int(batch), "lr": float(lr)})
+        except ValueError:
+            raise SystemExit(f"error: --ttt-runs: {item!r} is not optimizer:batch:lr") from None
+        if optimizer not in ("adamw", "muon"):
+            raise SystemExit(f"error: --ttt-runs: optimizer {optimizer!r}; expected adamw or muon")
+    names = [r["optimizer"] for r in runs]
+    for run in runs:  # short names where they are unique ("adamw", "muon"), else batch and lr too
+        unique = names.count(run["optimizer"]) == 1
+        run["name"] = run["optimizer"] if unique else f"{run['optimizer']} b{run['batch']} lr{run['lr']:g}"
+    return runs
+
+
+def ttt_config(args, run: dict, tiny: bool, cuda: bool) -> TrainConfig:
+    """One run's train config: the tokens, warm-up and evaluation points in tokens of --ttt-steps
+    steps at batch 32, whatever the run's batch."""
+    per_32 = 32 / run["batch"]
+    base = dict(steps=20 if tiny else max(1, round(args.ttt_steps * per_32)),
+                batch_size=4 if tiny else run["batch"], seq_len=64 if tiny else 256,
+                warmup_steps=2 if tiny else max(1, round(30 * per_32)), lr=run["lr"],
+                min_lr=run["lr"] / 10,
+                eval_every=5 if tiny else max(1, round(25 * per_32)), eval_batches=2 if tiny else 4,
+                checkpoint_every=0,
+                resume=False, log_every=10, timing_warmup=1,
+                counterpart={"enabled": False},
+                opt={"amp": "bf16" if cuda else "off", "compile": args.ttt_compile, "workers": 0})
+    if run["optimizer"] == "muon":
+        base.update(optimizer="muon", muon_lr=args.ttt_muon_lr)
+    return from_mapping(TrainConfig, base, "train")
+
+
 def ttt_part(args, out: dict, tmp: str) -> None:
-    """AdamW vs Muon on the token cache, the same steps and schedule; time to AdamW's final loss."""
+    """Optimisers (and batch sizes) on the token cache, the same tokens each; time to the first
+    run's final validation loss."""
     params = read_params(args.params)
     cache = cache_dir_of(params)
     if resolve_data("auto", cache) != "cache":
@@ -157,43 +198,35 @@ def ttt_part(args, out: dict, tmp: str) -> None:
     model = ModelConfig(vocab_size=0, n_layers=2 if tiny else 4, d_model=64 if tiny else 256,
                         n_heads=2 if tiny else 4, max_seq_len=256, kernel="torch")
     cuda = torch.cuda.is_available()
-    # --ttt-batch: the same tokens, warm-up and evaluation points in tokens as at batch 32
-    per_32 = 32 / args.ttt_batch
-    base = dict(steps=20 if tiny else max(1, round(args.ttt_steps * per_32)),
-                batch_size=4 if tiny else args.ttt_batch, seq_len=64 if tiny else 256,
-                warmup_steps=2 if tiny else max(1, round(30 * per_32)), lr=args.ttt_lr,
-                min_lr=args.ttt_lr / 10,
-                eval_every=5 if tiny else max(1, round(25 * per_32)), eval_batches=2 if tiny else 4,
-                checkpoint_every=0,
-                resume=False, log_every=10, timing_warmup=1,
-                counterpart={"enabled": False},
-                opt={"amp": "bf16" if cuda else "off", "compile": args.ttt_compile, "workers": 0})
-    runs = {}
-    for name, extra in (("adamw", {}), ("muon", {"optimizer": "muon", "muon_lr": args.ttt_muon_lr})):
-        cfg = from_mapping(TrainConfig, {**base, **extra}, "train")
+    specs, runs = ttt_runs(args), {}
+    for spec in specs:
+        cfg = ttt_config(args, spec, tiny, cuda)
+        workdir = str(Path(tmp) / spec["name"].replace(" ", "_"))
         if args.ttt_compile:
             # a short run of the same configuration first: the timed run then finds the compiled
             # graphs in the compiler's caches, so its clock measures training, not compilation
             begin = time.monotonic()
             run_training(model, dataclasses.replace(cfg, steps=3, eval_every=3), cache,
-                         str(Path(tmp) / f"{name}-warm"), progress=False)
-            print(f"ttt {name}: compile caches warmed in {time.monotonic() - begin:.0f} s")
-        result = run_training(model, cfg, cache, str(Path(tmp) / name), progress=False)
-        runs[name] = {"curve": [r for r in result.history if r["split"] == "val"],
-                      "val_loss": result.metrics["val_loss"],
-                      "tokens_per_s": result.metrics["tokens_per_s"]}
-    target = runs["adamw"]["val_loss"]
+                         workdir + "-warm", progress=False)
+            print(f"ttt {spec['name']}: compile caches warmed in {time.monotonic() - begin:.0f} s")
+        result = run_training(model, cfg, cache, workdir, progress=False)
+        runs[spec["name"]] = {**spec, "steps": cfg.steps,
+                              "curve": [r for r in result.history if r["split"] == "val"],
+                              "val_loss": result.metrics["val_loss"],
+                              "tokens_per_s": result.metrics["tokens_per_s"]}
+    reference = runs[specs[0]["name"]]
+    target = reference["val_loss"]
     for run in runs.values():
         run.update(time_to_target(run["curve"], target))
-    a, m = runs["adamw"].get("time_to_target_s"), runs["muon"].get("time_to_target_s")
-    out["ttt"] = {"target_loss": target, "runs": runs, "data": cache, "compile": args.ttt_compile,
-                  "batch_size": base["batch_size"], "steps": base["steps"], "lr": args.ttt_lr,
-                  "muon_lr": args.ttt_muon_lr,
-                  "muon_speedup": a / m if a and m else None}
+        a, b = reference.get("time_to_target_s"), run.get("time_to_target_s")
+        run["speedup"] = a / b if a and b else None
+    out["ttt"] = {"target_loss": target, "reference": specs[0]["name"], "runs": runs, "data": cache,
+                  "compile": args.ttt_compile, "muon_lr": args.ttt_muon_lr}
     figure(runs, target, Path(args.out).with_suffix(".png"))
     for name, run in runs.items():
         print(f"ttt {name}: final val {run['val_loss']:.4f}, to {target:.4f}: "
-              f"{run['time_to_target_s']} s, {run['tokens_to_target']} tokens")
+              f"{run['time_to_target_s']} s, {run['tokens_to_target']} tokens, "
+              f"{run['tokens_per_s']:.0f} tokens/s, speedup {run['speedup']}")
 
 
 def figure(runs: dict, target: float, path: Path) -> None:
@@ -259,6 +292,9 @@ def main() -> None:
     parser.add_argument("--ttt-muon-lr", type=float, default=0.02)
     parser.add_argument("--ttt-lr", type=float, default=3e-3,
                         help="AdamW's peak lr (Muon's AdamW part too), the minimum a tenth of it")
+    parser.add_argument("--ttt-runs", default=None, metavar="OPT:BATCH:LR,...",
+                        help="the runs of the ttt part, the first the reference (default: adamw "
+                             "and muon at --ttt-batch and --ttt-lr)")
     parser.add_argument("--ttt-compile", action="store_true",
                         help="time to target with torch.compile (model and Muon's step), caches warm")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU")

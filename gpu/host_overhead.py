@@ -1,0 +1,115 @@
+"""How much of a chunked op's measured time is the host's: ours against fla, on one GPU.
+
+    python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule]
+
+Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
+  bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
+             launches each call while the GPU runs; where the host is slower, its time shows)
+  graph_ms   the median of triton.testing.do_bench_cudagraph: the same calls replayed from a CUDA
+             graph, so no host work is left in them (the GPU's time, launch gaps included)
+  kernel_ms  the GPU time of the kernels alone per call (torch.profiler, summed)
+  host_ms    the host's time per call: 50 calls issued back to back without a synchronisation
+             (the GPU's queue never fills at that count), divided by 50
+and the floor ratios of bench_ms and graph_ms (ltm.bench.kernels.floor_counts over the measured
+copy bandwidth and matmul rate). A bench_ms well above graph_ms is host time the GPU waited for.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ltm.bench.kernels import floor_counts, implementations, make_inputs, measure_ceilings  # noqa: E402
+
+SHAPES = ["8,2048,8,128", "2,8192,8,128", "8,2048,16,64", "32,2048,4,128", "1,16384,8,64"]
+HOST_CALLS = 50
+
+
+def pass_fn(fn, x: dict, backward: bool):
+    """One pass as a closure; the backward through autograd.grad, so nothing accumulates."""
+    inputs = [t for t in x.values() if t.requires_grad]
+    if not backward:
+        def forward():
+            with torch.no_grad():
+                return fn(x)
+        return forward
+    do = torch.randn_like(fn(x))
+
+    def forward_backward():
+        return torch.autograd.grad(fn(x), inputs, do)
+    return forward_backward
+
+
+def host_ms(step) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(HOST_CALLS):
+        step()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return 1e3 * elapsed / HOST_CALLS
+
+
+def kernel_ms(step, repeats: int = 10) -> float:
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.key_averages()) / repeats / 1e3
+
+
+def measure(step) -> dict:
+    for _ in range(3):  # compiles, autotunes (fla) and warms the allocator before any clock
+        step()
+    row = {"bench_ms": float(triton.testing.do_bench(step, warmup=10, rep=60, return_mode="median"))}
+    row["graph_ms"] = float(triton.testing.do_bench_cudagraph(step, rep=60, return_mode="median"))
+    row["kernel_ms"] = kernel_ms(step)
+    row["host_ms"] = host_ms(step)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--shapes", nargs="+", default=SHAPES)
+    parser.add_argument("--ops", default="delta_rule")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device, 10, 60)
+    rows = []
+    for op in args.ops.split(","):
+        for text in args.shapes:
+            shape = tuple(int(n) for n in text.split(","))
+            x = make_inputs(op, *shape, torch.bfloat16, device)
+            for name, fn in implementations(op, device).items():
+                if name not in ("triton", "fla"):
+                    continue
+                for backward in (False, True):
+                    nbytes, flops = floor_counts(op, *shape, 2, backward)
+                    floor = 1e3 * max(nbytes / ceilings["copy_bytes_per_s"],
+                                      flops / ceilings["matmul_flops_per_s"])
+                    row = {"op": op, "shape": list(shape), "impl": name,
+                           "pass": "fb" if backward else "fwd", "floor_ms": floor,
+                           **measure(pass_fn(fn, x, backward))}
+                    row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
+                    rows.append(row)
+                    print(f"{op:17s} {text:14s} {name:6s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                          f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
+                          f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
+                          f"x{row['graph_floor']:.1f})", flush=True)
+                    Path(args.out).write_text(json.dumps(
+                        {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                         "triton": triton.__version__, "ceilings": ceilings, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
