@@ -1,6 +1,6 @@
 """How much of a chunked op's measured time is the host's: ours against fla, on one GPU.
 
-    python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule]
+    python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule] [--impls triton,fla]
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--ops", default="delta_rule")
+    parser.add_argument("--impls", default="triton,fla", help="of triton (ours), fla")
     args = parser.parse_args()
     device = torch.device("cuda")
     ceilings = measure_ceilings(device, 10, 60)
@@ -91,7 +92,7 @@ def main() -> None:
             shape = tuple(int(n) for n in text.split(","))
             x = make_inputs(op, *shape, torch.bfloat16, device)
             for name, fn in implementations(op, device).items():
-                if name not in ("triton", "fla"):
+                if name not in args.impls.split(","):
                     continue
                 for backward in (False, True):
                     nbytes, flops = floor_counts(op, *shape, 2, backward)

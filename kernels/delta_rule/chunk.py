@@ -115,10 +115,9 @@ def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
 
 
 def _parallel_configs(shape_class: tuple) -> list:
-    """`_output_kernel` and `_bwd_local_kernel` (chunk-parallel, one program per value block,
-    chunk and head). Default: 32-wide blocks, 4 warps, 1 stage (forward 0.33 against 0.41 ms with
-    8 warps at 8,2048,8,128; fwd+bwd 1.95 against 2.04 ms for `_bwd_local`; H100,
-    gpu/sweep_launch.py output / bwd_local); 64-wide blocks read q and k half as often."""
+    """`_output_kernel` (chunk-parallel, one program per value block, chunk and head). Default:
+    32-wide blocks, 4 warps, 1 stage (forward 0.33 against 0.41 ms with 8 warps at 8,2048,8,128;
+    H100, gpu/sweep_launch.py output); 64-wide blocks read q and k half as often."""
     V = shape_class[1]
     configs = [tuning.config(4, 1, BV=32), tuning.config(4, 2, BV=32)]
     if V >= 64:
@@ -133,8 +132,10 @@ def _prep_configs(shape_class: tuple) -> list:
     return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 
-def _bwd_chunk_configs(shape_class: tuple) -> list:
-    """`_bwd_chunk_kernel`: BV is the value columns taken per step of its loop over V. Default: all
+def _bwd_loop_configs(shape_class: tuple) -> list:
+    """`_bwd_chunk_kernel` and `_bwd_local_kernel`: one program per chunk and head, each looping
+    over the value columns (BV per step) with a (BT, BK) and a (BT, BT) float32 accumulator; one
+    list for both (measured on `_bwd_chunk` when it also held dq's accumulator). Default: all
     64 of a 64-wide head at once with 4 warps (0.89 against 1.07 ms at 8,2048,12,64); at K = 128,
     32 columns (64: 2.10-2.39 against 1.89 ms) and 8 warps with 2 stages (2.19 against 2.29 ms at
     8,2048,8,128; 16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory
@@ -214,10 +215,16 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dh = (dh_local if _bwd_dtype("dh", mid) == dh_local.dtype
           else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid), dev))
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
-    tuning.launch("delta_rule.bwd_local", _bwd_local_kernel,
-                  lambda m: (triton.cdiv(V, m["BV"]), NT, B * H), _parallel_configs(cls), cls,
-                  {**_args("_bwd_local_kernel", q, k, gcum, do, dd, dh_local, scale, T, H, HQ, K, V, BT, BK),
-                   "PRECISION": precision})
+    # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
+    # cost 0.4-0.7 ms more than the sum saves at 8k-16k tokens of 8-16 heads: H100, bf16,
+    # gpu/grouped_heads_bench.py; torch's sum accumulates the bf16 shares in float32 and rounds once)
+    dq, dk = nan_buffer((B, T, H, K), q.dtype, dev), nan_buffer((B, T, H, K), k.dtype, dev)
+    # the in-chunk score gradients (a `dot` operand only) and dG's share of the scores
+    ds, dg_local = nan_buffer((B * H, NT, BT, BT), mid, dev), nan_buffer((B, T, H), f32, dev)
+    tuning.launch("delta_rule.bwd_local", _bwd_local_kernel, lambda m: (NT, B * H),
+                  _bwd_loop_configs(cls), cls,
+                  {**_args("_bwd_local_kernel", q, k, d, h, gcum, do, dd, dh_local, dq, ds, dg_local,
+                           scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     # it adds to dd and may write dh over dh_local: tuning restores them after each timed run
     tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
@@ -225,16 +232,12 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
                            BT, BK),
                    "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
                   restore=("dd", "dh_local"))
-    # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
-    # cost 0.4-0.7 ms more than the sum saves at 8k-16k tokens of 8-16 heads: H100, bf16,
-    # gpu/grouped_heads_bench.py; torch's sum accumulates the bf16 shares in float32 and rounds once)
-    dq, dk = nan_buffer((B, T, H, K), q.dtype, dev), nan_buffer((B, T, H, K), k.dtype, dev)
     dv = nan_buffer((B, T, H, V), v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
-                  _bwd_chunk_configs(cls), cls,
-                  {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk,
-                           dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
+                  _bwd_loop_configs(cls), cls,
+                  {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd, gcum, linv, h, dh, ds, dg_local,
+                           dk, dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     if H == 2 * HQ:  # an elementwise add: torch's strided sum over the group ran at ~40% of DRAM
         dq, dk, dv = (x[:, :, :HQ] + x[:, :, HQ:] for x in (dq, dk, dv))
     elif H != HQ:

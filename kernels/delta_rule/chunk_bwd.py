@@ -1,8 +1,9 @@
 """Backward kernels of the chunked (gated) delta rule; `chunk.py` launches them and gives the maths.
 
-`_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients.
+`_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients, dq, the
+    in-chunk score gradient dS and dG's share of the scores.
 `_bwd_state_kernel` (sequential, backwards over chunks): the rest of dD and of the state gradients.
-`_bwd_chunk_kernel` (chunk-parallel): dq, dk, dv, dbeta, dg.
+`_bwd_chunk_kernel` (chunk-parallel): dk, dv, dbeta, dg.
 """
 from __future__ import annotations
 
@@ -14,33 +15,57 @@ from ltm.kernels.common import (dot, load_tile, rounded, seq_tile, seq_tile_t, s
 
 
 @triton.jit
-def _bwd_local_kernel(q, k, gcum, do, dd, dh, scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    # the parts of dD and of the state gradient that need no later chunk, every chunk in
-    # parallel: dD = (causal exp(G_i - G_j) Q K^T)^T dO into dd, (exp(G) Q)^T dO into dh;
-    # `_bwd_state_kernel` adds the terms that flow back from later chunks
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _bwd_local_kernel(q, k, d, h, gcum, do, dd, dh, dq, ds, dg_local, scale, T, H, HQ,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, PRECISION: tl.constexpr):
+    # what needs no later chunk, one program per chunk and head, looping over the value columns
+    # (Q K^T once per chunk, not once per value block): dD = (causal exp(G_i - G_j) Q K^T)^T dO
+    # into dd and (exp(G) Q)^T dO into dh (`_bwd_state_kernel` adds what flows back from later
+    # chunks); all of dq, which reads only the saved D and states; the in-chunk score gradient
+    # dS = (dO D^T) * causal decay into ds, for `_bwd_chunk_kernel`'s dk share dS^T Q; and the
+    # shares of dG that come with dq into dg_local
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     rows = i_t * BT + idx
     valid = rows < T
+    # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
     causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    p_q = seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
-    p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
-    p_do = seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-    p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-    p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
-    b_q = (load_tile(p_q).to(tl.float32) * scale).to(tl.float32)
-    b_k = load_tile(p_k).to(tl.float32)
-    b_do = load_tile(p_do).to(tl.float32)
+    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
+    b_k = load_tile(seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
-    qk = dot(b_q, tl.trans(b_k), PRECISION)
-    qk = qk * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    store_tile(p_dd, dot(tl.trans(qk), b_do, PRECISION))
-    b_qg = b_q * tl.where(valid, tl.exp(b_G), 0.)[:, None]
-    store_tile(p_dh, dot(tl.trans(b_qg), b_do, PRECISION))
+    e_G = tl.where(valid, tl.exp(b_G), 0.)
+    decay = tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    # (BT, BT) scaled, decayed scores: only a `dot` operand below
+    b_a = dot(b_q, tl.trans(b_k), PRECISION) * decay * scale
+    b_dqs = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T, summed over the value blocks
+    b_r = tl.zeros([BT, BT], dtype=tl.float32)  # dO D^T
+    for i_v in range(tl.cdiv(V, BV)):
+        b_do = load_tile(seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
+        store_tile(seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV),
+                   dot(tl.trans(b_a), b_do, PRECISION))
+        # (exp(G) Q)^T dO as Q^T (exp(G) dO): the row scales on the (BT, BV) operand
+        b_dog = b_do.to(tl.float32) * (e_G * scale)[:, None]
+        store_tile(state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV),
+                   dot(tl.trans(b_q), b_dog, PRECISION))
+        b_h = load_tile(state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV))
+        b_d = load_tile(seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
+        b_dqs += dot(b_do, tl.trans(b_h), PRECISION)
+        b_r += dot(b_do, tl.trans(b_d), PRECISION)
+    # output through the entering state, O += exp(G) Q S0, and in-chunk, O += (causal exp(G_i -
+    # G_j) Q K^T) D; dG_i gets q_i.dq_i from both and -k_j.dk_j's share from the second
+    dq_state = e_G[:, None] * b_dqs
+    b_dG = tl.sum(b_q.to(tl.float32) * dq_state, axis=1) * scale
+    b_ds = b_r * decay
+    b_dq = dq_state + dot(b_ds, b_k, PRECISION)
+    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION) * scale
+    b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
+    store_tile(seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dq * scale)
+    ds_ptrs = ds + (i_bh * NT + i_t).to(tl.int64) * BT * BT + idx[:, None] * BT + idx[None, :]
+    tl.store(ds_ptrs, rounded(b_ds, ds.dtype.element_ty))
+    tl.store(dg_local + (i_b * T + rows) * H + i_h, b_dG, mask=valid)
 
 
 @triton.jit
@@ -91,11 +116,12 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
 
 
 @triton.jit
-def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, dbeta, dg,
+def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, ds, dg_local, dk, dv, dbeta, dg,
                       scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    # one program per chunk and head, looping over the value columns; two (BT, BK) float32
-    # accumulators (dq, dk) and two (BT, BT) ones: the gradient of W is never formed (see dA below)
+    # one program per chunk and head, looping over the value columns: dk, dv, dbeta and dg, with
+    # one (BT, BK) float32 accumulator (dk) and one (BT, BT) (dA); the gradient of W is never
+    # formed (see dA below). dq, dS and dG's share of the scores came from `_bwd_local_kernel`
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
@@ -105,9 +131,6 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
     valid = rows < T
     # rows past the end of the sequence are masked out: their G is 0, so exp(G_i - G_j) can overflow
     strict = (idx[:, None] > idx[None, :]) & valid[:, None]
-    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
-    # q and k stay in their input dtype; q's scale goes on the products instead
-    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
     b_k = load_tile(seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
     b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
     b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
@@ -116,10 +139,8 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
     G_last = tl.sum(tl.where(idx == last, b_G, 0.))
     e_G = tl.exp(b_G)
     k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    # (BT, BT): dO D^T, and the gradient of L (before the sign and the strict-lower mask)
-    b_r = tl.zeros([BT, BT], dtype=tl.float32)
+    # (BT, BT): the gradient of L (before the sign and the strict-lower mask)
     b_da = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     b_dG = tl.zeros([BT], dtype=tl.float32)
@@ -129,12 +150,6 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
         b_dh = load_tile(state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV))
         b_d = load_tile(seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
         b_dd = load_tile(seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
-        b_do = load_tile(seq_tile(do, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
-        # output through the entering state: O += exp(G) Q S0
-        dq_state = e_G[:, None] * dot(b_do, tl.trans(b_h), PRECISION)
-        b_dq += dq_state
-        b_dG += tl.sum(b_q * dq_state, axis=1) * scale
-        b_r += dot(b_do, tl.trans(b_d), PRECISION)
         # leaving state: S_BT += (exp(G_last - G) K)^T D
         dk_state = k_decay[:, None] * dot(b_d, tl.trans(b_dh), PRECISION)
         b_dk += dk_state
@@ -165,17 +180,15 @@ def _bwd_chunk_kernel(q, k, v, beta, d, dd, gcum, linv, h, dh, do, dq, dk, dv, d
     dkk = b_da * b_beta[:, None] * gamma
     b_dk += dot(dkk, b_k, PRECISION)
     b_dk += dot(tl.trans(dkk), b_k, PRECISION)
-    # in-chunk scores: O += (causal exp(G_i - G_j) Q K^T) D
-    b_ds = b_r * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
-    b_dq += dot(b_ds, b_k, PRECISION)
+    # in-chunk scores, O += (causal exp(G_i - G_j) Q K^T) D: dk's share dS^T Q
+    b_ds = tl.load(ds + (i_bh * NT + i_t).to(tl.int64) * BT * BT + idx[:, None] * BT + idx[None, :])
+    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
     b_dk += dot(tl.trans(b_ds), b_q, PRECISION) * scale
-    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION) * scale
-    b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
+    b_dG += tl.load(dg_local + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
     b_dG += tl.where(idx == last, dG_last, 0.)
     b_dG = tl.where(valid, b_dG, 0.)
     # G is a cumulative sum of g inside the chunk: dg_j = sum_{i >= j} dG_i
     b_dg = tl.sum(b_dG) - tl.cumsum(b_dG, axis=0) + b_dG
-    store_tile(seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dq * scale)
     store_tile(seq_tile(dk, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dk)
     tl.store(dbeta + (i_b * T + rows) * H + i_h, rounded(b_dbeta, dbeta.dtype.element_ty), mask=valid)
     tl.store(dg + (i_b * T + rows) * H + i_h, rounded(b_dg, dg.dtype.element_ty), mask=valid)
