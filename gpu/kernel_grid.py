@@ -3,6 +3,7 @@
     python3 gpu/kernel_grid.py --part 1/2 --out DIR [--budget-s 500] [--commit HASH]   # delta rules
     python3 gpu/kernel_grid.py --part 2/2 --out DIR [--budget-s 500] [--commit HASH]   # RWKV-7, decode
     python3 gpu/kernel_grid.py --tiny                  # a CPU dry run of the bookkeeping (no timings)
+    ... --graph    # each pass also replayed from a CUDA graph: the GPU's time without the host's
 
 Part 1/2: the delta rule, plain and gated, at every (B, T, H, D) of `ltm.bench.kernels.GRID_SHAPES`
 (B x T 8k-64k tokens, T 512-32k with single sequences of 8k-32k, H 4..32, D 64 and 128), each shape
@@ -77,6 +78,8 @@ WARMUP_MS, REP_MS = 10, 60
 DECODE_S = 45
 # cuda, or cpu for --tiny (tiny shapes through Triton's interpreter: the bookkeeping, not timings)
 DEVICE = torch.device("cuda")
+# --graph: also the median of the same pass replayed from a CUDA graph (no host work in it)
+GRAPH = False
 
 
 def bench(fn, warmup: int, rep: int, grads=None) -> float:
@@ -135,7 +138,13 @@ def time_pass(fn, x: dict, backward: bool) -> dict:
         sync()
         first = time.perf_counter() - t0
         ms = bench(step, WARMUP_MS, REP_MS, grads)
-    return {"first_s": first, "ms": ms}
+        result = {"first_s": first, "ms": ms}
+        if GRAPH and DEVICE.type == "cuda":
+            # autograd.grad: nothing accumulates into .grad inside the graph
+            graphed = (lambda: torch.autograd.grad(fn(x), grads, do)) if backward else step
+            result["graph_ms"] = float(triton.testing.do_bench_cudagraph(graphed, rep=REP_MS,
+                                                                         return_mode="median"))
+    return result
 
 
 def measure(fn, x: dict, key: str, row: dict) -> None:
@@ -145,6 +154,8 @@ def measure(fn, x: dict, key: str, row: dict) -> None:
         try:
             t = time_pass(fn, x, backward)
             row[name], row[f"{name}_first_s"] = t["ms"], t["first_s"]
+            if "graph_ms" in t:
+                row[f"{name}_graph"] = t["graph_ms"]
         except Exception as err:  # fla refuses its gated backward on Hopper with Triton < 3.7.1
             row[f"{name}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
@@ -178,6 +189,9 @@ def grid_row(op: str, shape: tuple, ceilings: dict, with_default: bool) -> dict:
                 row[f"x_fla_{p}"] = row[f"fla_{p}"] / row[f"ours_{p}"]
             if row.get(f"default_{p}"):
                 row[f"tuned_gain_{p}"] = row[f"default_{p}"] / row[f"ours_{p}"]
+        if row.get(f"ours_{p}_graph") and row.get(f"fla_{p}_graph"):
+            row[f"x_fla_{p}_graph"] = row[f"fla_{p}_graph"] / row[f"ours_{p}_graph"]
+            row[f"x_floor_{p}_graph"] = row[f"ours_{p}_graph"] / row[f"floor_{p}"]
     if row.get("ours_fwd") and row.get("fla_fwd"):
         with torch.no_grad():
             o, o_fla = impls["ours"](x).float(), impls["fla"](x).float()
@@ -370,6 +384,11 @@ def summary(rows: list) -> dict:
             floors = [(r[f"x_floor_{p}"], r["shape"]) for r in mine if r.get(f"x_floor_{p}")]
             if floors:
                 entry["worst_x_floor"], entry["worst_floor_shape"] = max(floors)
+            graphed = [(r[f"x_fla_{p}_graph"], r["shape"]) for r in mine if r.get(f"x_fla_{p}_graph")]
+            if graphed:
+                worst = min(graphed)
+                entry.update(geomean_x_fla_graph=geomean([v for v, _ in graphed]),
+                             worst_x_fla_graph=worst[0], worst_shape_graph=worst[1])
             gains = [r[f"tuned_gain_{p}"] for r in mine if r.get(f"tuned_gain_{p}")]
             if gains:
                 entry["geomean_tuned_gain"], entry["min_tuned_gain"] = geomean(gains), min(gains)
@@ -409,6 +428,19 @@ def table(rows: list) -> str:
                          f"{s['worst_x_fla']:.2f} at {','.join(map(str, s['worst_shape']))}; worst "
                          f"x_floor {fmt(s.get('worst_x_floor'), '.1f')}; tuned gain geomean "
                          f"{fmt(s.get('geomean_tuned_gain'), '.2f')} (min {fmt(s.get('min_tuned_gain'), '.2f')})")
+            if "geomean_x_fla_graph" in s:
+                lines.append(f"{key} (CUDA graph, GPU time): geomean x_fla {s['geomean_x_fla_graph']:.2f}, "
+                             f"worst {s['worst_x_fla_graph']:.2f} at "
+                             f"{','.join(map(str, s['worst_shape_graph']))}")
+    graphed = [r for r in rows if r.get("section") == "grid" and r.get("ours_fwd_graph")]
+    if graphed:
+        lines.append("CUDA graph ms (ours / fla, x_fla; fwd, fb), x_floor fwd:")
+        for r in graphed:
+            lines.append(f"  {r['op']:17} {','.join(map(str, r['shape'])):16} "
+                         f"{fmt(r.get('ours_fwd_graph'))} / {fmt(r.get('fla_fwd_graph'))} "
+                         f"x{fmt(r.get('x_fla_fwd_graph'), '.2f')}  {fmt(r.get('ours_fb_graph'))} / "
+                         f"{fmt(r.get('fla_fb_graph'))} x{fmt(r.get('x_fla_fb_graph'), '.2f')}  "
+                         f"{fmt(r.get('x_floor_fwd_graph'), '.1f')}")
     return "\n".join(lines)
 
 
@@ -461,14 +493,18 @@ def main(argv=None) -> None:
                         help="time fla's gated backward on Hopper with Triton < 3.7.1, which fla "
                              "refuses (its issue #640: results may be wrong there); the row's "
                              "errors against ours show whether they were")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time each pass replayed from a CUDA graph (the GPU's time, "
+                             "no host work): *_graph, x_fla_*_graph")
     parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
                         help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     args = parser.parse_args(argv)
-    global DEVICE, ORDER, DECODE_BATCHES, DECODE_HEADS
+    global DEVICE, ORDER, DECODE_BATCHES, DECODE_HEADS, GRAPH
     assert all(8192 <= B * T <= 65536 and 512 <= T <= 32768 for B, T, _, _ in ORDER), \
         "a grid shape outside 8k-64k tokens or T 512-32k"
     assert sorted(ORDER) == sorted(tuple(s) for s in GRID_SHAPES), "ORDER must be the grid, reordered"
     DEVICE = torch.device("cpu" if args.tiny else "cuda")
+    GRAPH = args.graph
     if args.tiny:
         ORDER = [(1, 70, 2, 32), (2, 20, 1, 64)]
         DECODE_BATCHES, DECODE_HEADS = (1, 2), ((2, 32),)

@@ -21,8 +21,12 @@ CASES = [
 ]
 if ON_GPU:
     # V = 16: the launcher's value blocks stay 32 wide (16 crashed on Hopper)
+    # V < 32 (value blocks wider than the head) and V = 32 at both K: 8-warp launches of
+    # `_bwd_local` went wrong at V = 16 on an H100 (chunk.py, `_bwd_loop_configs`)
     CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
-              (3, 200, 2, 128, 64, "none", True), (1, 70, 2, 128, 16, "weak", True)]
+              (3, 200, 2, 128, 64, "none", True), (1, 70, 2, 128, 16, "weak", True),
+              (1, 70, 2, 64, 16, "strong", True), (2, 200, 2, 128, 32, "strong", True),
+              (2, 130, 3, 64, 32, "weak", False)]
 
 
 # dg in half precision has a tail: dg of the first token with an initial state is a sum of
@@ -260,3 +264,12 @@ def test_sequential_kernels_take_narrow_value_blocks_where_programs_are_few():
     assert launcher._sequential_configs(many)[0].kwargs["BV"] == 32
     # float32 tiles keep their measured default everywhere
     assert launcher._sequential_configs(launcher._shape_class(1, 32768, 4, 64, 64, "tf32x3", None))[0].kwargs["BV"] == 32
+
+
+def test_loop_kernels_keep_to_4_warps_where_value_blocks_are_wider_than_the_head():
+    from ltm.kernels.delta_rule import chunk as launcher
+    for K in (64, 128):
+        narrow = launcher._bwd_loop_configs(launcher._shape_class(1, 70, 2, K, 16, "bf16", None))
+        assert narrow and all(c.num_warps == 4 for c in narrow)
+    wide = launcher._bwd_loop_configs(launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None))
+    assert wide[0].num_warps == 8
