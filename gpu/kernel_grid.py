@@ -140,8 +140,14 @@ def time_pass(fn, x: dict, backward: bool) -> dict:
         ms = bench(step, WARMUP_MS, REP_MS, grads)
         result = {"first_s": first, "ms": ms}
         if GRAPH and DEVICE.type == "cuda":
-            # autograd.grad: nothing accumulates into .grad inside the graph
-            graphed = (lambda: torch.autograd.grad(fn(x), grads, do)) if backward else step
+            # fresh leaves on the same storage and autograd.grad: the timed .backward() calls
+            # above left AccumulateGrad nodes made on the default stream, and capturing a
+            # backward through them failed (H100, torch 2.11: "operation failed due to a
+            # previous error during capture"); nothing accumulates into .grad in the graph
+            leaves = {n: t.detach().requires_grad_(t.requires_grad) for n, t in x.items()}
+            inputs = [t for t in leaves.values() if t.requires_grad]
+            graphed = ((lambda: torch.autograd.grad(fn(leaves), inputs, do)) if backward
+                       else (lambda: fn(leaves)))
             result["graph_ms"] = float(triton.testing.do_bench_cudagraph(graphed, rep=REP_MS,
                                                                          return_mode="median"))
     return result
