@@ -15,6 +15,8 @@ Parts, in order (each skipped, with a note, once --budget-s is spent):
             AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png.
             --ttt-batch B (default 32) keeps the tokens, warm-up and evaluations of batch 32;
             --ttt-muon-lr Muon's peak lr (default 0.02), --ttt-lr AdamW's (default 3e-3);
+            --ttt-targets: speedups to these fixed losses too; --ttt-tolerance: how much worse a
+            final loss may be and count as equal quality; --rescore: OUT.json again from its curves
             --ttt-runs "adamw:16:3e-3,muon:64:1e-2" any list of optimizer:batch:lr (lr: AdamW's,
             or that of Muon's AdamW part), the same tokens each; the target is the lowest final
             loss of the AdamW runs, each run's speedup is against that run's time to it
@@ -215,22 +217,78 @@ def ttt_part(args, out: dict, tmp: str) -> None:
                               "curve": [r for r in result.history if r["split"] == "val"],
                               "val_loss": result.metrics["val_loss"],
                               "tokens_per_s": result.metrics["tokens_per_s"]}
-    # the reference: AdamW's best run (the lowest final loss of the AdamW runs; the first run
-    # when none is AdamW), so that a tuned AdamW, not its first setting, sets the target
-    adamw = [r for r in runs.values() if r["optimizer"] == "adamw"] or [runs[specs[0]["name"]]]
+    out["ttt"] = {"runs": runs, "data": cache, "compile": args.ttt_compile, "muon_lr": args.ttt_muon_lr}
+    score_ttt(out["ttt"], args.ttt_tolerance, args.ttt_targets)
+    figure(runs, out["ttt"]["target_loss"], Path(args.out).with_suffix(".png"))
+    print_ttt(out["ttt"])
+
+
+def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
+    """Adds to a ttt record (its runs' validation curves) the reference, the target and each run's
+    time to it, speedup, quality against the reference and speedups to the fixed targets. The
+    reference is AdamW's best run (the lowest final loss of the AdamW runs; the first run when
+    none is AdamW), so that a tuned AdamW, not its first setting, sets the target."""
+    runs = ttt["runs"]
+    adamw = [r for r in runs.values() if r.get("optimizer") == "adamw"] or [next(iter(runs.values()))]
     reference = min(adamw, key=lambda r: r["val_loss"])
     target = reference["val_loss"]
-    for run in runs.values():
+    for name, run in runs.items():
+        run.setdefault("name", name)
         run.update(time_to_target(run["curve"], target))
         a, b = reference.get("time_to_target_s"), run.get("time_to_target_s")
         run["speedup"] = a / b if a and b else None
-    out["ttt"] = {"target_loss": target, "reference": reference["name"], "runs": runs, "data": cache,
-                  "compile": args.ttt_compile, "muon_lr": args.ttt_muon_lr}
-    figure(runs, target, Path(args.out).with_suffix(".png"))
-    for name, run in runs.items():
-        print(f"ttt {name}: final val {run['val_loss']:.4f}, to {target:.4f}: "
+        # equal final quality as the ablate protocol judges another optimiser (an approximate
+        # switch): at most ablate.loss_tolerance worse than the reference's final loss
+        run["final_minus_reference"] = run["val_loss"] - reference["val_loss"]
+        run["equal_quality"] = run["final_minus_reference"] <= tolerance
+        run["fixed_targets"] = fixed_target_speedups(reference["curve"], run["curve"], targets)
+    # the fair figure: against every AdamW run of equal quality (not only the best one, which
+    # may be slow: a larger batch can reach the same targets sooner and end within tolerance),
+    # the smallest speedup at a fixed target both reach
+    equal_adamw = [r for r in adamw if r["equal_quality"]]
+    for run in runs.values():
+        ratios = [x for a in equal_adamw if a is not run
+                  for x in fixed_target_speedups(a["curve"], run["curve"], targets).values() if x]
+        run["worst_vs_equal_adamw"] = min(ratios) if ratios else None
+    ttt.update(target_loss=target, reference=reference["name"], tolerance=tolerance,
+               fixed_targets=targets)
+
+
+def print_ttt(ttt: dict) -> None:
+    for name, run in ttt["runs"].items():
+        print(f"ttt {name}: final val {run['val_loss']:.4f} ({run['final_minus_reference']:+.4f}, "
+              f"equal quality {run['equal_quality']}), to {ttt['target_loss']:.4f}: "
               f"{run['time_to_target_s']} s, {run['tokens_to_target']} tokens, "
-              f"{run['tokens_per_s']:.0f} tokens/s, speedup {run['speedup']}")
+              f"{run['tokens_per_s']:.0f} tokens/s, speedup {run['speedup']}, worst against an "
+              f"AdamW run of equal quality {run['worst_vs_equal_adamw']}; fixed targets "
+              + ", ".join(f"{t}: {x:.2f}x" if x else f"{t}: -" for t, x in run["fixed_targets"].items()))
+
+
+def rescore(path: Path, tolerance: float, targets: list[float]) -> None:
+    """--rescore: score_ttt again on a record's stored curves (a record from before a field
+    existed, or other fixed targets); rewrites it, marking what was recomputed."""
+    record = json.loads(path.read_text())
+    if "ttt" not in record or "runs" not in record["ttt"]:
+        raise SystemExit(f"error: {path}: no ttt runs to score")
+    old_runs = {n: dict(r) for n, r in record["ttt"]["runs"].items()}  # infer the optimiser when absent
+    for name, run in record["ttt"]["runs"].items():
+        run.setdefault("optimizer", "muon" if name.startswith("muon") else "adamw")
+    score_ttt(record["ttt"], tolerance, targets)
+    record["ttt"]["rescored"] = {"commit": commit(), "fields_absent_before": sorted(
+        {k for r in record["ttt"]["runs"].values() for k in r} - {k for r in old_runs.values() for k in r})}
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    print_ttt(record["ttt"])
+
+
+def fixed_target_speedups(reference: list[dict], curve: list[dict], targets: list[float]) -> dict:
+    """Reference's time / this run's time to each fixed validation loss both reach (None where
+    either does not): the time-to-target ratio over a range of targets rather than at one."""
+    out = {}
+    for target in targets:
+        a = time_to_target(reference, target).get("time_to_target_s")
+        b = time_to_target(curve, target).get("time_to_target_s")
+        out[str(target)] = a / b if a and b else None
+    return out
 
 
 def figure(runs: dict, target: float, path: Path) -> None:
@@ -299,12 +357,25 @@ def main() -> None:
     parser.add_argument("--ttt-runs", default=None, metavar="OPT:BATCH:LR,...",
                         help="the runs of the ttt part, the first the reference (default: adamw "
                              "and muon at --ttt-batch and --ttt-lr)")
+    parser.add_argument("--ttt-tolerance", type=float, default=AblateConfig.loss_tolerance,
+                        help="how much worse a run's final loss may be than the reference's and "
+                             "count as equal quality (default: the ablate protocol's for an "
+                             "approximate switch)")
+    parser.add_argument("--ttt-targets", type=lambda text: [float(t) for t in text.split(",")],
+                        default=[4.3, 4.2, 4.1, 4.0, 3.97, 3.95], metavar="LOSS,...",
+                        help="fixed validation losses: each run's speedup to each")
+    parser.add_argument("--rescore", action="store_true",
+                        help="OUT.json is a record: score its ttt part again from its curves "
+                             "(--ttt-tolerance, --ttt-targets), rewrite it and exit")
     parser.add_argument("--ttt-compile", action="store_true",
                         help="time to target with torch.compile (model and Muon's step), caches warm")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--seq-lens", type=lambda text: [int(t) for t in text.split(",")],
                         default=[], help="the deltanet part's lengths only (2048, 8192)")
     args = parser.parse_args()
+    if args.rescore:
+        rescore(Path(args.out), args.ttt_tolerance, args.ttt_targets)
+        return
     started = time.monotonic()
     args.deadline = started + args.budget_s
     parts = args.parts.split(",")

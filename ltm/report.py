@@ -26,21 +26,14 @@ from ltm.bench.kernels import grid_summary
 from ltm.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
                          latent_figure, loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import load_section, read_params
-from ltm.records import gpu_ablate_records, latest_grid, read_records, recorded_kernel_rows
+from ltm.records import latest_grid, read_records, recorded_kernel_rows
+from ltm.report_gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 
 
 @dataclass
 class ReportConfig:
     title: str = "ltm workbook"
     dpi: int = 110  # resolution of the embedded figures
-
-
-@dataclass
-class Section:
-    title: str
-    tables: list[pd.DataFrame]
-    figures: list[Figure]
-    note: str = ""
 
 
 def _read_json(path: Path) -> dict | None:
@@ -289,66 +282,6 @@ def kernel_history_section(folder: Path) -> Section:
                    [kernel_grid_figure(grid)], note)
 
 
-def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The training runs recorded on GPUs (`gpu/train.sh`, `gpu/ddp.sh`) and kept as JSON in
-    `folder`: one table of runs and one of DDP scaling. A file that is not such a record is an
-    error, not a silent gap in the report."""
-    runs, scaling = [], []
-    for path, record in read_records(folder, "runs", "GPU training"):
-        runs += [dict(row, device=record["device"], record=path.name) for row in record["runs"]]
-        if record.get("ddp"):
-            ddp = record["ddp"]
-            scaling.append({"device": ddp["device"], "run": ddp["run"], "commit": ddp["commit"],
-                            "tokens_per_s_1": ddp["one_gpu"]["tokens_per_s"],
-                            "tokens_per_s_2": ddp["two_gpus"]["tokens_per_s"],
-                            "speedup": ddp["speedup"], "record": path.name})
-    columns = ["device", "run", "commit", "seq_len", "batch_size", "tokens_per_s", "mfu",
-               "peak_memory_mib", "record"]
-    return pd.DataFrame(runs, columns=columns), pd.DataFrame(scaling)
-
-
-def gpu_figure(runs: pd.DataFrame) -> Figure:
-    """Tokens per second of each recorded GPU run, longest sequences apart by colour."""
-    fig = Figure(figsize=(8, 0.35 * len(runs) + 1.5))
-    ax = fig.subplots()
-    sns.barplot(data=runs, y="run", x="tokens_per_s", hue="seq_len", dodge=False, ax=ax)
-    ax.set_title("training tokens/s per recorded GPU run (higher is better)")
-    fig.tight_layout()
-    return fig
-
-
-def gpu_section(gpu_dir: Path) -> Section:
-    runs, scaling = gpu_training_rows(gpu_dir)
-    if runs.empty:
-        return Section("Training on GPUs (recorded history)", [], [],
-                       f"No GPU training records in {gpu_dir}.")
-    note = ("Measured with gpu/train.sh and gpu/ddp.sh on the devices named, kept in git as JSON "
-            "because the CPU pipeline cannot rerun them; MFU is against 989 TFLOP/s (dense bf16).")
-    tables = [runs] + ([scaling] if not scaling.empty else [])
-    return Section("Training on GPUs (recorded history)", tables, [gpu_figure(runs)], note)
-
-
-# the columns of a GPU ablate record the report shows (the CSV has the baseline's too)
-GPU_ABLATE_COLUMNS = ["switch", "kind", "verdict", "speedup", "speedup_low", "speedup_high",
-                      "step_ms", "delta_val_loss", "peak_memory_mib", "note"]
-
-
-def gpu_ablate_section(folder: Path) -> Section:
-    """The ablate protocol's runs on GPUs (`gpu/ablate.py`), one verdict table and figure each."""
-    title = "Ablation verdicts on GPUs (recorded history)"
-    records = gpu_ablate_records(folder)
-    if not records:
-        return Section(title, [], [], f"No GPU ablate records in {folder}.")
-    runs = "; ".join(f"{name}: {p['device']}, torch {p.get('torch')}, commit "
-                     f"{str(p.get('commit'))[:7]}, {p.get('params')}"
-                     + "".join(f" --set {item}" for item in p.get("overrides") or [])
-                     for name, p, _ in records)
-    note = ("Measured with gpu/ablate.py and kept in git, in the order of the files: " + runs
-            + ". History, not measurements of this commit.")
-    return Section(title, [table[GPU_ABLATE_COLUMNS] for _, _, table in records],
-                   [ablate_figure(table) for _, _, table in records], note)
-
-
 def environment() -> dict:
     """Versions, device, the commit and whether the workspace differs from it (one git call)."""
     state = compare.workspace_state()
@@ -411,7 +344,8 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
                 benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
-                gpu_ablate_section(Path(gpu_records) / "ablate")]
+                gpu_ablate_section(Path(gpu_records) / "ablate"),
+                gpu_time_to_target_section(Path(gpu_records) / "ttt")]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi))
     return sections

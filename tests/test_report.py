@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ltm.report import gpu_ablate_section, gpu_section, recorded_kernel_rows, report_stage
+from ltm.report import recorded_kernel_rows, report_stage
 
 
 def _write_inputs(root):
@@ -32,7 +32,8 @@ SECTIONS = ["Summary: what changed", "Run settings", "Data", "Training", "Latent
             "A learned prior over latent thoughts",
             "Ablation verdicts", "Benchmarks", "Generated text",
             "Kernel benchmarks on GPUs (recorded history)", "Training on GPUs (recorded history)",
-            "Ablation verdicts on GPUs (recorded history)"]
+            "Ablation verdicts on GPUs (recorded history)",
+            "Time to a target loss on GPUs (recorded history)"]
 
 
 def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, monkeypatch):
@@ -71,56 +72,6 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     assert "<title>My run</title>" in page and "<script" not in page and "http" not in page
     assert page.count("data:image/png;base64,") == 2  # the loss curves and the ablation
     assert "the benchmark stage has not written its metrics" in page
-
-
-def _gpu_record(runs, ddp=None) -> dict:
-    return {"device": "Some GPU", "runs": runs, **({"ddp": ddp} if ddp else {})}
-
-
-def test_gpu_section_tables_every_recorded_run_and_the_scaling(tmp_path):
-    run = {"run": "attention-T1024", "commit": "abc1234", "seq_len": 1024, "batch_size": 16,
-           "tokens_per_s": 1000.0, "mfu": 0.4, "peak_memory_mib": 9000.0}
-    ddp = {"device": "2 x Some GPU", "run": "attention", "commit": "abc1234",
-           "one_gpu": {"tokens_per_s": 1000.0}, "two_gpus": {"tokens_per_s": 1900.0}, "speedup": 1.9}
-    (tmp_path / "a.json").write_text(json.dumps(_gpu_record([run], ddp)))
-    (tmp_path / "b.json").write_text(json.dumps(_gpu_record([dict(run, run="deltanet-T8192",
-                                                                   seq_len=8192)])))
-    section = gpu_section(tmp_path)
-    runs, scaling = section.tables
-    assert list(runs.run) == ["attention-T1024", "deltanet-T8192"]
-    assert list(runs.record) == ["a.json", "b.json"] and set(runs.device) == {"Some GPU"}
-    assert scaling.speedup.tolist() == [1.9] and len(section.figures) == 1
-
-
-GPU_ABLATE_CSV = """switch,kind,verdict,speedup,speedup_low,speedup_high,step_ms,delta_val_loss,peak_memory_mib,note,tolerance
-baseline,exact,BASELINE,1.0,0.9,1.1,70.0,0.0,16000,,0.0
-model.hier_op=dual,exact,NO EFFECT,0.99,0.91,1.10,71.0,0.0,15100,,0.01
-model.hier_fast_read=chunk,approximate,SLOWER,0.62,0.58,0.66,113.0,-0.012,20600,,0.05
-"""
-
-
-def test_gpu_ablate_section_shows_each_recorded_run_with_its_device_and_commit(tmp_path):
-    assert "No GPU ablate records" in gpu_ablate_section(tmp_path / "ablate").note
-    folder = tmp_path / "ablate"
-    folder.mkdir()
-    protocol = {"device": "Some GPU", "torch": "2.11", "commit": "abc1234def", "params": "p.yaml"}
-    (folder / "run.json").write_text(json.dumps({"protocol": protocol}))
-    (folder / "run.csv").write_text(GPU_ABLATE_CSV)
-    section = gpu_ablate_section(folder)
-    (table,) = section.tables
-    assert table.verdict.tolist() == ["BASELINE", "NO EFFECT", "SLOWER"]
-    assert "tolerance" not in table
-    assert "run: Some GPU, torch 2.11, commit abc1234, p.yaml" in section.note
-    assert len(section.figures) == 1 and any(ax.has_data() for ax in section.figures[0].axes)
-    (folder / "cut.json").write_text(json.dumps({"protocol": protocol}))
-    with pytest.raises(ValueError, match=r"cut\.json: not a GPU ablate record with its CSV"):
-        gpu_ablate_section(folder)
-
-
-def test_a_file_in_the_gpu_folder_that_is_no_record_is_named(tmp_path):
-    (tmp_path / "notes.json").write_text(json.dumps({"device": "Some GPU", "rows": []}))
-    with pytest.raises(ValueError, match=r"notes\.json: not a GPU training record"):
-        gpu_section(tmp_path)
 
 
 KERNEL_RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
