@@ -182,7 +182,7 @@ def ttt_config(args, run: dict, tiny: bool, cuda: bool) -> TrainConfig:
                 eval_every=5 if tiny else max(1, round(25 * per_32)), eval_batches=2 if tiny else 4,
                 checkpoint_every=0,
                 resume=False, log_every=10, timing_warmup=1,
-                counterpart={"enabled": False},
+                counterpart={"enabled": False}, seed=args.ttt_seed,
                 opt={"amp": "bf16" if cuda else "off", "compile": args.ttt_compile, "workers": 0})
     if run["optimizer"] == "muon":
         base.update(optimizer="muon", muon_lr=args.ttt_muon_lr)
@@ -217,7 +217,8 @@ def ttt_part(args, out: dict, tmp: str) -> None:
                               "curve": [r for r in result.history if r["split"] == "val"],
                               "val_loss": result.metrics["val_loss"],
                               "tokens_per_s": result.metrics["tokens_per_s"]}
-    out["ttt"] = {"runs": runs, "data": cache, "compile": args.ttt_compile, "muon_lr": args.ttt_muon_lr}
+    out["ttt"] = {"runs": runs, "data": cache, "compile": args.ttt_compile, "muon_lr": args.ttt_muon_lr,
+                  "seed": args.ttt_seed}
     score_ttt(out["ttt"], args.ttt_tolerance, args.ttt_targets)
     figure(runs, out["ttt"]["target_loss"], Path(args.out).with_suffix(".png"))
     print_ttt(out["ttt"])
@@ -364,6 +365,8 @@ def main() -> None:
     parser.add_argument("--ttt-targets", type=lambda text: [float(t) for t in text.split(",")],
                         default=[4.3, 4.2, 4.1, 4.0, 3.97, 3.95], metavar="LOSS,...",
                         help="fixed validation losses: each run's speedup to each")
+    parser.add_argument("--ttt-seed", type=int, default=TrainConfig.seed,
+                        help="the runs' seed (weights and batches): one record per seed")
     parser.add_argument("--rescore", action="store_true",
                         help="OUT.json is a record: score its ttt part again from its curves "
                              "(--ttt-tolerance, --ttt-targets), rewrite it and exit")
