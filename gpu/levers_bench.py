@@ -50,7 +50,7 @@ from source_checkout import commit  # noqa: E402
 from ltm.ablate import SWITCHABLE, AblateConfig, ablate, apply_switch  # noqa: E402
 from ltm.cache import cache_dir_of  # noqa: E402
 from ltm.hardware import peak_flops  # noqa: E402
-from ltm.levers import resolve_data, time_to_target  # noqa: E402
+from ltm.levers import resolve_data, score_ttt  # noqa: E402
 from ltm.model import LTM, ModelConfig  # noqa: E402
 from ltm.params import apply_override, from_mapping, read_params  # noqa: E402
 from ltm.train import TrainConfig, Trainer, run_training  # noqa: E402
@@ -224,37 +224,6 @@ def ttt_part(args, out: dict, tmp: str) -> None:
     print_ttt(out["ttt"])
 
 
-def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
-    """Adds to a ttt record (its runs' validation curves) the reference, the target and each run's
-    time to it, speedup, quality against the reference and speedups to the fixed targets. The
-    reference is AdamW's best run (the lowest final loss of the AdamW runs; the first run when
-    none is AdamW), so that a tuned AdamW, not its first setting, sets the target."""
-    runs = ttt["runs"]
-    adamw = [r for r in runs.values() if r.get("optimizer") == "adamw"] or [next(iter(runs.values()))]
-    reference = min(adamw, key=lambda r: r["val_loss"])
-    target = reference["val_loss"]
-    for name, run in runs.items():
-        run.setdefault("name", name)
-        run.update(time_to_target(run["curve"], target))
-        a, b = reference.get("time_to_target_s"), run.get("time_to_target_s")
-        run["speedup"] = a / b if a and b else None
-        # equal final quality as the ablate protocol judges another optimiser (an approximate
-        # switch): at most ablate.loss_tolerance worse than the reference's final loss
-        run["final_minus_reference"] = run["val_loss"] - reference["val_loss"]
-        run["equal_quality"] = run["final_minus_reference"] <= tolerance
-        run["fixed_targets"] = fixed_target_speedups(reference["curve"], run["curve"], targets)
-    # the fair figure: against every AdamW run of equal quality (not only the best one, which
-    # may be slow: a larger batch can reach the same targets sooner and end within tolerance),
-    # the smallest speedup at a fixed target both reach
-    equal_adamw = [r for r in adamw if r["equal_quality"]]
-    for run in runs.values():
-        ratios = [x for a in equal_adamw if a is not run
-                  for x in fixed_target_speedups(a["curve"], run["curve"], targets).values() if x]
-        run["worst_vs_equal_adamw"] = min(ratios) if ratios else None
-    ttt.update(target_loss=target, reference=reference["name"], tolerance=tolerance,
-               fixed_targets=targets)
-
-
 def print_ttt(ttt: dict) -> None:
     for name, run in ttt["runs"].items():
         print(f"ttt {name}: final val {run['val_loss']:.4f} ({run['final_minus_reference']:+.4f}, "
@@ -275,21 +244,13 @@ def rescore(path: Path, tolerance: float, targets: list[float]) -> None:
     for name, run in record["ttt"]["runs"].items():
         run.setdefault("optimizer", "muon" if name.startswith("muon") else "adamw")
     score_ttt(record["ttt"], tolerance, targets)
-    record["ttt"]["rescored"] = {"commit": commit(), "fields_absent_before": sorted(
-        {k for r in record["ttt"]["runs"].values() for k in r} - {k for r in old_runs.values() for k in r})}
+    # every rescoring is listed, with the fields it added: a record says what it was measured with
+    history = record["ttt"].get("rescored") or []
+    history = [history] if isinstance(history, dict) else history
+    record["ttt"]["rescored"] = history + [{"commit": commit(), "fields_absent_before": sorted(
+        {k for r in record["ttt"]["runs"].values() for k in r} - {k for r in old_runs.values() for k in r})}]
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print_ttt(record["ttt"])
-
-
-def fixed_target_speedups(reference: list[dict], curve: list[dict], targets: list[float]) -> dict:
-    """Reference's time / this run's time to each fixed validation loss both reach (None where
-    either does not): the time-to-target ratio over a range of targets rather than at one."""
-    out = {}
-    for target in targets:
-        a = time_to_target(reference, target).get("time_to_target_s")
-        b = time_to_target(curve, target).get("time_to_target_s")
-        out[str(target)] = a / b if a and b else None
-    return out
 
 
 def figure(runs: dict, target: float, path: Path) -> None:
