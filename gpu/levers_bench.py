@@ -11,8 +11,8 @@ Parts, in order (each skipped, with a note, once --budget-s is spent):
             tokens/s and MFU; the final row (every lever that passed) is "levers on"
   ttt       time to target on the token cache (data/cache, carried): a 4-layer model trained
             the same steps and lr schedule with AdamW and with Muon (bf16; eager, or with
-            --ttt-compile compiled after a short run that warms the caches); the target is
-            AdamW's final validation loss; seconds and tokens to it, and a figure OUT.png.
+            --ttt-compile compiled after a short run that warms the caches); the target is the
+            final validation loss of AdamW's best run; seconds and tokens to it, and a figure OUT.png.
             --ttt-batch B (default 32) keeps the tokens, warm-up and evaluations of batch 32;
             --ttt-muon-lr Muon's peak lr (default 0.02), --ttt-lr AdamW's (default 3e-3);
             --ttt-targets: speedups to these fixed losses too; --ttt-tolerance: how much worse a
@@ -240,8 +240,8 @@ def rescore(path: Path, tolerance: float, targets: list[float]) -> None:
     record = json.loads(path.read_text())
     if "ttt" not in record or "runs" not in record["ttt"]:
         raise SystemExit(f"error: {path}: no ttt runs to score")
-    old_runs = {n: dict(r) for n, r in record["ttt"]["runs"].items()}  # infer the optimiser when absent
-    for name, run in record["ttt"]["runs"].items():
+    old_runs = {n: dict(r) for n, r in record["ttt"]["runs"].items()}
+    for name, run in record["ttt"]["runs"].items():  # records before --ttt-runs named runs by optimiser
         run.setdefault("optimizer", "muon" if name.startswith("muon") else "adamw")
     score_ttt(record["ttt"], tolerance, targets)
     # every rescoring is listed, with the fields it added: a record says what it was measured with
@@ -317,8 +317,8 @@ def main() -> None:
     parser.add_argument("--ttt-lr", type=float, default=3e-3,
                         help="AdamW's peak lr (Muon's AdamW part too), the minimum a tenth of it")
     parser.add_argument("--ttt-runs", default=None, metavar="OPT:BATCH:LR,...",
-                        help="the runs of the ttt part, the first the reference (default: adamw "
-                             "and muon at --ttt-batch and --ttt-lr)")
+                        help="the runs of the ttt part; the AdamW run that ends lowest is the "
+                             "reference (default: adamw and muon at --ttt-batch and --ttt-lr)")
     parser.add_argument("--ttt-tolerance", type=float, default=AblateConfig.loss_tolerance,
                         help="how much worse a run's final loss may be than the reference's and "
                              "count as equal quality (default: the ablate protocol's for an "

@@ -182,7 +182,7 @@ def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
     # the fair figure: against every AdamW run of equal quality (not only the best one, which
     # may be slow: a larger batch can reach the same targets sooner and end within tolerance),
     # the smallest speedup at a fixed target both reach
-    equal_adamw = [r for r in adamw if r["equal_quality"]]
+    equal_adamw = [r for r in runs.values() if r.get("optimizer") == "adamw" and r["equal_quality"]]
     for run in runs.values():
         ratios = [x for a in equal_adamw if a is not run
                   for x in fixed_target_speedups(a["curve"], run["curve"], targets).values() if x]
