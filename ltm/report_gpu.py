@@ -99,6 +99,9 @@ def gpu_time_to_target_section(folder: Path) -> Section:
     tables, figures, notes = [], [], []
     for path, record in records:
         ttt = record["ttt"]
+        if not isinstance(ttt, dict) or "runs" not in ttt or "target_loss" not in ttt:
+            raise ValueError(f"{path}: a time-to-target record without scored runs "
+                             f"({ttt.get('skipped') if isinstance(ttt, dict) else ttt})")
         rows = []
         for name, run in ttt["runs"].items():
             fixed = [x for x in (run.get("fixed_targets") or {}).values() if x]

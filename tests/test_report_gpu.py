@@ -80,6 +80,10 @@ def test_time_to_target_section_tables_each_run_with_its_worst_fixed_target(tmp_
     assert table.worst_fixed_target_speedup.tolist() == [1.0, 1.8]
     assert "run.json: Some GPU, torch 2.11, commit abc1234, compiled, target 4.0000" in section.note
     assert len(section.figures) == 1 and any(ax.has_data() for ax in section.figures[0].axes)
+    (folder / "skipped.json").write_text(json.dumps({"device": "Some GPU", "ttt": {"skipped": "no cache"}}))
+    with pytest.raises(ValueError, match=r"skipped\.json: a time-to-target record without scored runs \(no cache\)"):
+        gpu_time_to_target_section(folder)
+    (folder / "skipped.json").unlink()
     (folder / "notes.json").write_text(json.dumps({"device": "Some GPU"}))
     with pytest.raises(ValueError, match=r"notes\.json: not a time-to-target record"):
         gpu_time_to_target_section(folder)
