@@ -10,8 +10,8 @@ Per (op, shape, implementation) and pass (forward; forward+backward), four numbe
   kernel_ms  the GPU time of the kernels alone per call (torch.profiler, summed)
   host_ms    the host's time per call: 50 calls issued back to back without a synchronisation
              (the GPU's queue never fills at that count), divided by 50
-and the floor ratios of bench_ms and graph_ms (ltm.bench.kernels.floor_counts over the measured
-copy bandwidth and matmul rate). A bench_ms well above graph_ms is host time the GPU waited for.
+and the floor ratios of bench_ms and graph_ms (ltm.bench.kernels.floor_ms: floor_counts over the
+measured copy bandwidth and matmul rate). A bench_ms well above graph_ms is host time the GPU waited for.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernels import floor_counts, implementations, make_inputs, measure_ceilings  # noqa: E402
+from ltm.bench.kernels import floor_ms, implementations, make_inputs, measure_ceilings  # noqa: E402
 
 SHAPES = ["8,2048,8,128", "2,8192,8,128", "8,2048,16,64", "32,2048,4,128", "1,16384,8,64"]
 HOST_CALLS = 50
@@ -95,9 +95,7 @@ def main() -> None:
                 if name not in args.impls.split(","):
                     continue
                 for backward in (False, True):
-                    nbytes, flops = floor_counts(op, *shape, 2, backward)
-                    floor = 1e3 * max(nbytes / ceilings["copy_bytes_per_s"],
-                                      flops / ceilings["matmul_flops_per_s"])
+                    floor = floor_ms(op, *shape, 2, backward, ceilings)
                     row = {"op": op, "shape": list(shape), "impl": name,
                            "pass": "fb" if backward else "fwd", "floor_ms": floor,
                            **measure(pass_fn(fn, x, backward))}

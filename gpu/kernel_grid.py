@@ -60,7 +60,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernels import GRID_SHAPES, floor_counts, make_inputs, measure_ceilings  # noqa: E402
+from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
 
 # the grid's shapes, most informative first: the three (measured before), single long
@@ -188,7 +188,7 @@ def grid_row(op: str, shape: tuple, ceilings: dict, with_default: bool) -> dict:
     else:
         measure(impls["fla"], x, "fla", row)
     for p in ("fwd", "fb"):
-        row[f"floor_{p}"] = floor_ms(op, shape, p == "fb", ceilings)
+        row[f"floor_{p}"] = floor_ms(op, *shape, 2, p == "fb", ceilings)
         if row.get(f"ours_{p}"):
             row[f"x_floor_{p}"] = row[f"ours_{p}"] / row[f"floor_{p}"]
             if row.get(f"fla_{p}"):
@@ -270,11 +270,6 @@ def warm_in_parallel(ops, shapes, timeout_s: float) -> dict:
             rc = "timeout"
         done[key] = {"rc": rc, "s": round(time.time() - t0, 1)}
     return done
-
-
-def floor_ms(op: str, shape, backward: bool, ceilings: dict) -> float:
-    nbytes, flops = floor_counts(op, *shape, 2, backward)
-    return 1e3 * max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["matmul_flops_per_s"])
 
 
 def grad_errors(impls: dict, x: dict) -> dict:

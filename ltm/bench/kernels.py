@@ -173,6 +173,14 @@ def _median_ms(fn: Callable, device: torch.device, warmup_ms: int, rep_ms: int,
     return statistics.median(times)
 
 
+def floor_ms(op: str, B: int, T: int, H: int, D: int, itemsize: int, backward: bool,
+             ceilings: dict) -> float:
+    """The floor in ms: `floor_counts`' bytes over the measured copy bandwidth or its FLOPs over
+    the measured matmul rate (`measure_ceilings`), whichever takes longer."""
+    nbytes, flops = floor_counts(op, B, T, H, D, itemsize, backward)
+    return 1e3 * max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["matmul_flops_per_s"])
+
+
 def measure_ceilings(device: torch.device, warmup_ms: int, rep_ms: int) -> dict:
     """Copy bandwidth (bytes read + written per second) and bf16 (float32 on CPU) matmul rate."""
     on_gpu = device.type == "cuda"
@@ -223,16 +231,14 @@ def _rows_for_shape(op, impls, shape, dtype, device, cfg, ceilings) -> list[dict
             # an implementation that refuses these inputs (fla and float32) still gets its rows
             pass
         for backward in ((False, True) if cfg.backward else (False,)):
-            nbytes, flops = floor_counts("sdpa" if name == "sdpa" else op, B, T, H, D,
-                                         x["v"].element_size(), backward)
-            floor_ms = 1e3 * max(nbytes / ceilings["copy_bytes_per_s"],
-                                 flops / ceilings["matmul_flops_per_s"])
+            floor = floor_ms("sdpa" if name == "sdpa" else op, B, T, H, D,
+                             x["v"].element_size(), backward, ceilings)
             row = {"op": op, "impl": name, "B": B, "T": T, "H": H, "D": D,
                    "dtype": str(dtype).replace("torch.", ""), "pass": "fwd+bwd" if backward else "fwd",
-                   "floor_ms": floor_ms}
+                   "floor_ms": floor}
             try:
                 timing = _time_one(fn, x, device, backward, cfg)
-                row.update(timing, x_floor=timing["ms"] / floor_ms)
+                row.update(timing, x_floor=timing["ms"] / floor)
             except (RuntimeError, ValueError, AssertionError, NotImplementedError) as err:
                 # e.g. fla refuses float32 and, on some Triton versions, its gated backward
                 row.update(ms=None, peak_mib=None, x_floor=None, error=str(err).splitlines()[0][:200])

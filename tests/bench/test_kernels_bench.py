@@ -106,3 +106,12 @@ def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
         {"op": "delta_rule", "B": 1, "T": 512, "H": 4, "D": 64, "pass": "fwd+bwd", "ours_x_floor": 9.0, "fla_x_floor": 7.0}])
     fig = kernel_grid_figure(grid)
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["delta_rule fwd", "delta_rule fwd+bwd"]
+
+
+def test_floor_ms_is_the_slower_of_moving_the_bytes_and_doing_the_flops():
+    from ltm.bench.kernels import floor_ms
+    nbytes, flops = floor_counts("delta_rule", 8, 2048, 8, 128, 2, backward=True)
+    memory_bound = {"copy_bytes_per_s": nbytes / 2e-3, "matmul_flops_per_s": flops / 1e-3}
+    compute_bound = {"copy_bytes_per_s": nbytes / 1e-3, "matmul_flops_per_s": flops / 3e-3}
+    assert floor_ms("delta_rule", 8, 2048, 8, 128, 2, True, memory_bound) == pytest.approx(2.0)
+    assert floor_ms("delta_rule", 8, 2048, 8, 128, 2, True, compute_bound) == pytest.approx(3.0)
