@@ -93,7 +93,7 @@ def gpu_time_to_target_section(folder: Path) -> Section:
     its OUT.json kept in `folder`): per record, a table of its runs and the validation loss
     against time and tokens."""
     title = "Time to a target loss on GPUs (recorded history)"
-    records = read_records(folder, "ttt", "time-to-target") if folder.is_dir() else []
+    records = read_records(folder, "ttt", "time-to-target")  # a missing folder holds none
     if not records:
         return Section(title, [], [], f"No time-to-target records in {folder}.")
     tables, figures, notes = [], [], []
