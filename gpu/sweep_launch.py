@@ -3,6 +3,7 @@
 
     python3 gpu/sweep_launch.py [rwkv7_loop] [delta_rule] [rwkv7] [--shapes "B,T,H,D;..."] [--wide]
                                 [--only KERNEL,...]    # e.g. --only delta_rule.bwd_chunk
+                                [--part I/N] [--compile-only]  # fill Triton's cache in N processes
 
 `delta_rule` / `rwkv7`: every configuration on the list of every kernel of the chunked op
 (`ltm.kernels.delta_rule.chunk`, `ltm.kernels.rwkv7.chunk`: `*_configs` of the shape's class),
@@ -76,20 +77,27 @@ def wide_sequential(cls) -> list:
             for bv, warps, stages in itertools.product((16, 32), (2, 4), (2, 3, 4))]
 
 
-def wide_bwd_chunk(cls) -> list:
-    """`--wide` for the delta rule's `_bwd_chunk`: value blocks 16-64, 4 or 8 warps, 1 or 2 stages."""
+def wide_loop(cls) -> list:
+    """`--wide` for the delta rule's chunk-parallel kernels (`_bwd_chunk`, `_bwd_local`, `_output`):
+    value blocks 32 to 128 (the whole of a 128-wide head at once, as fla's backward takes it on
+    Hopper), 4 or 8 warps, 1-3 stages. Launches that ask for more shared memory than a block may
+    have fail at compile time and are reported, not timed."""
     return [tuning.config(warps, stages, BV=bv)
-            for bv, warps, stages in itertools.product((16, 32, 64), (4, 8), (1, 2))]
+            for bv, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3))]
 
 
 WIDE = {"delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
-        "delta_rule.bwd_chunk": wide_bwd_chunk}
+        "delta_rule.bwd_chunk": wide_loop, "delta_rule.bwd_local": wide_loop,
+        "delta_rule.output": wide_loop}
 
 
-def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None):
+def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
+                 part: tuple[int, int] = (0, 1), compile_only: bool = False):
     """Every configuration of every kernel of `op` (of those named in `only`, when given), one at
     a time, the rest on their defaults (with `wide`, only the delta rule's kernels in `WIDE`,
-    over their wider grids)."""
+    over their wider grids). `part` (i, n) keeps every n-th configuration from the i-th;
+    `compile_only` runs each once untimed, so that n processes fill Triton's cache in parallel
+    before one process times them (compiling dozens of launches one after another takes minutes)."""
     module = rwkv7_chunk if op == "rwkv7" else delta_rule_chunk
     fn = op_fn(op)
     for shape in shapes:
@@ -103,12 +111,18 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None):
             if only and name not in only:
                 continue
             configs = WIDE[name] if wide else configs
-            for cfg in configs(cls):
+            for index, cfg in enumerate(configs(cls)):
+                if index % part[1] != part[0]:
+                    continue
                 choice = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 label = " ".join(f"{key}={value}" for key, value in choice.items())
                 with mock.patch.object(tuning, "AUTOTUNE", False), \
                         mock.patch.dict(tuning.FORCED, {name: choice}):
                     try:
+                        if compile_only:
+                            fn(x).sum().backward() if pass_ == "fb" else fn(x)
+                            torch.cuda.synchronize()
+                            continue
                         ms = (fwd_bwd_ms(fn, x) if pass_ == "fb"
                               else triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100))
                     except Exception as err:  # e.g. out of shared memory for this choice
@@ -128,12 +142,17 @@ def main(argv: list[str]) -> None:
         i = argv.index("--only")
         only = set(argv[i + 1].split(","))
         argv = argv[:i] + argv[i + 2:]
-    wide = "--wide" in argv
-    argv = [a for a in argv if a != "--wide"]
+    part = (0, 1)
+    if "--part" in argv:  # "i/n"
+        i = argv.index("--part")
+        part = tuple(int(n) for n in argv[i + 1].split("/"))
+        argv = argv[:i] + argv[i + 2:]
+    wide, compile_only = "--wide" in argv, "--compile-only" in argv
+    argv = [a for a in argv if a not in ("--wide", "--compile-only")]
     ops = argv or ["delta_rule", "rwkv7"]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
     for op in ops:
-        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes, wide, only)
+        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes, wide, only, part, compile_only)
         for name, shape, choice, ms in rows:
             print(f"{name:26} {','.join(map(str, shape)):15} {choice:40} {ms:8.3f} ms", flush=True)
 
