@@ -118,13 +118,18 @@ def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
 
 
 def _parallel_configs(shape_class: tuple) -> list:
-    """`_output_kernel` (chunk-parallel, one program per value block, chunk and head). Default:
-    32-wide blocks, 4 warps, 1 stage (forward 0.33 against 0.41 ms with 8 warps at 8,2048,8,128;
-    H100, gpu/sweep_launch.py output); 64-wide blocks read q and k half as often."""
-    V = shape_class[1]
+    """`_output_kernel` (chunk-parallel, one program per value block, chunk and head). 32-wide
+    blocks with 4 warps and 1 stage (0.33 against 0.41 ms with 8 warps at 8,2048,8,128; H100,
+    gpu/sweep_launch.py output); wider blocks read q and k fewer times. With bf16 tiles and heads
+    wider than 64 the whole head in one 128-wide block comes first: forward 0.545 against 0.606 ms
+    at 32,2048,4,128, 0.284 against 0.310 at 8,2048,8,128, 1.37 against 1.53 at 2,32768,8,128
+    (stages changed nothing; 8 warps were slower at each width; H100, Triton 3.6, `--wide`)."""
+    V, precision = shape_class[1], shape_class[2]
     configs = [tuning.config(4, 1, BV=32), tuning.config(4, 2, BV=32)]
     if V >= 64:
         configs += [tuning.config(4, 1, BV=64), tuning.config(8, 1, BV=64)]
+    if V > 64 and precision == "bf16":
+        configs = [tuning.config(4, 1, BV=128)] + configs[:1] + configs[2:3]
     return configs
 
 
@@ -135,27 +140,54 @@ def _prep_configs(shape_class: tuple) -> list:
     return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 
-def _bwd_loop_configs(shape_class: tuple) -> list:
-    """`_bwd_chunk_kernel` and `_bwd_local_kernel`: one program per chunk and head, each looping
-    over the value columns (BV per step) with a (BT, BK) and a (BT, BT) float32 accumulator; one
-    list for both (measured on `_bwd_chunk` when it also held dq's accumulator). Default: all
-    64 of a 64-wide head at once with 4 warps (0.89 against 1.07 ms at 8,2048,12,64); at K = 128,
-    32 columns (64: 2.10-2.39 against 1.89 ms) and 8 warps with 2 stages (2.19 against 2.29 ms at
-    8,2048,8,128; 16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory
-    access). With float32 tiles at K = 128 the two stages take 229,376 of the 232,448 bytes.
+# Where one value block covers the whole head (V <= 32 with 32-wide blocks), the loop kernels' 8-warp
+# launches went wrong on an H100 (Triton 3.6, bf16): `_bwd_local` gave dq with a relative error of
+# 0.97 at K = 128, V = 16 and 0.69 at K = 128, V = 32, and an illegal memory access at K = 64, V = 16,
+# with 1 or 2 stages; 4-warp launches were right, and so was the interpreter with either (a compiler
+# fault, not the maths). Every test that passed with 8 warps looped over two value blocks or more.
+SINGLE_BLOCK_MAX_V = 32
+
+
+def _bwd_local_configs(shape_class: tuple) -> list:
+    """`_bwd_local_kernel`: one program per chunk and head, looping over the value columns with a
+    (BT, BK) and a (BT, BT) float32 accumulator. 4 warps only (8 were never faster, see
+    `SINGLE_BLOCK_MAX_V` for why they are left out). With bf16 tiles and heads wider than 64 the
+    whole head in one 128-wide block comes first: forward+backward 2.07 against 2.09 (32 columns,
+    3 stages) and 2.22 ms (8 warps, the earlier default) at 32,2048,4,128; 1.07 against 1.09 and
+    1.15 at 8,2048,8,128; 4.95 against 5.00 and 5.24 at 2,32768,8,128 (H100, Triton 3.6,
+    gpu/sweep_launch.py --wide, the other kernels on their defaults). At K <= 64, V >= 64: all 64
+    columns at once (0.89 against 1.07 ms at 8,2048,12,64, measured when one kernel did both)."""
+    K, V, precision = shape_class[0], shape_class[1], shape_class[2]
+    if K <= 64 and V >= 64:
+        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
+    configs = [tuning.config(4, 2, BV=32), tuning.config(4, 1, BV=32)]
+    if V > 64 and precision == "bf16":
+        configs = [tuning.config(4, 1, BV=128), tuning.config(4, 3, BV=32)] + configs[:1]
+    return configs
+
+
+def _bwd_chunk_configs(shape_class: tuple) -> list:
+    """`_bwd_chunk_kernel`: one program per chunk and head, looping over the value columns with a
+    (BT, BK) and a (BT, BT) float32 accumulator. At K <= 64, V >= 64: all 64 columns at once with
+    4 warps. At K = 128, 8 warps: 32 columns with 2 stages (2.19 against 2.29 ms at 8,2048,8,128;
+    16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory access); with bf16
+    tiles and V >= 128, 64 columns with 3 stages come first since dq left this kernel: 2.05
+    against 2.14 (32 columns, 3 stages) and 2.22 ms (2 stages) at 32,2048,4,128; 1.07 against 1.11
+    and 1.15 at 8,2048,8,128; 4.93 against 5.08 and 5.24 at 2,32768,8,128 (H100, Triton 3.6, `--wide`;
+    128 columns were slower, 2.22-2.42 ms; 4 warps on 64 columns 2.38-2.52). With float32 tiles at
+    K = 128 two stages of 32 columns take 229,376 of the 232,448 bytes of shared memory.
     Two programs per chunk and head, one per half of K, were slower at every shape measured
     (6.35-6.77 against 6.18 ms forward+backward at 2,32768,8,128, 2.75-3.01 against 2.69 at
     4,4096,16,128, 1.46-1.91 against 1.36 at 8,2048,16,64; H100, gpu/sweep_launch.py): the (BT, BT)
     products over V that both halves need cost more than the narrower accumulators save."""
-    K, V = shape_class[0], shape_class[1]
+    K, V, precision = shape_class[0], shape_class[1], shape_class[2]
     if K <= 64 and V >= 64:
         return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
-    if V < 32:
-        # value blocks wider than the head (masked columns): with 8 warps `_bwd_local` gave a
-        # wrong dq (rel. error 0.97) at K = 128, V = 16 and an illegal memory access at K = 64,
-        # V = 16, with 1 or 2 stages, where 4 warps were right (H100, Triton 3.6, bf16; the
-        # interpreter was right with either: a compiler fault, not the maths)
+    if V <= SINGLE_BLOCK_MAX_V:
         return [tuning.config(4, 2, BV=32), tuning.config(4, 1, BV=32)]
+    if K > 64 and V >= 128 and precision == "bf16":
+        return [tuning.config(8, 3, BV=64), tuning.config(8, 2, BV=64), tuning.config(8, 3, BV=32),
+                tuning.config(8, 2, BV=32)]
     return [tuning.config(8 if K > 64 else 4, 2, BV=32), tuning.config(8 if K > 64 else 4, 1, BV=32),
             tuning.config(4 if K > 64 else 8, 2, BV=32)]
 
@@ -231,7 +263,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     # the in-chunk score gradients (a `dot` operand only) and dG's share of the scores
     ds, dg_local = nan_buffer((B * H, NT, BT, BT), mid, dev), nan_buffer((B, T, H), f32, dev)
     tuning.launch("delta_rule.bwd_local", _bwd_local_kernel, lambda m: (NT, B * H),
-                  _bwd_loop_configs(cls), cls,
+                  _bwd_local_configs(cls), cls,
                   {**_args("_bwd_local_kernel", q, k, d, h, gcum, do, dd, dh_local, dq, ds, dg_local,
                            scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     # it adds to dd and may write dh over dh_local: tuning restores them after each timed run
@@ -244,7 +276,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     dv = nan_buffer((B, T, H, V), v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
-                  _bwd_loop_configs(cls), cls,
+                  _bwd_chunk_configs(cls), cls,
                   {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd, gcum, linv, h, dh, ds, dg_local,
                            dk, dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     if H == 2 * HQ:  # an elementwise add: torch's strided sum over the group ran at ~40% of DRAM

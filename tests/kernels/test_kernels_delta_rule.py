@@ -1,6 +1,7 @@
 """The Triton chunked delta rule against the float64 token loop, forward and every gradient."""
 import pytest
 import torch
+import triton
 import torch.nn.functional as F
 
 from ltm.kernels.delta_rule import triton_chunk_delta_rule
@@ -22,7 +23,7 @@ CASES = [
 if ON_GPU:
     # V = 16: the launcher's value blocks stay 32 wide (16 crashed on Hopper)
     # V < 32 (value blocks wider than the head) and V = 32 at both K: 8-warp launches of
-    # `_bwd_local` went wrong at V = 16 on an H100 (chunk.py, `_bwd_loop_configs`)
+    # `_bwd_local` went wrong at V = 16 and 32 on an H100 (chunk.py, `SINGLE_BLOCK_MAX_V`)
     CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
               (3, 200, 2, 128, 64, "none", True), (1, 70, 2, 128, 16, "weak", True),
               (1, 70, 2, 64, 16, "strong", True), (2, 200, 2, 128, 32, "strong", True),
@@ -129,6 +130,9 @@ LAUNCH_PATHS = {
     "wide": {"delta_rule.fwd": {"BV": 64}, "delta_rule.bwd_state": {"BV": 64},
              "delta_rule.output": {"BV": 64}, "delta_rule.bwd_local": {"BV": 64},
              "delta_rule.bwd_chunk": {"BV": 64}},
+    # the chunk-parallel kernels on one 128-wide block: the whole head, its last 48 columns masked
+    "whole_head": {"delta_rule.output": {"BV": 128}, "delta_rule.bwd_local": {"BV": 128},
+                   "delta_rule.bwd_chunk": {"BV": 128}},
 }
 
 
@@ -172,8 +176,8 @@ def _listed_launches(kernel: str, B: int, T: int, H: int, K: int, dtype) -> list
     from ltm.kernels.common import dot_precision
     from ltm.kernels.delta_rule import chunk as launcher
     lists = {"prep": launcher._prep_configs, "fwd": launcher._sequential_configs,
-             "output": launcher._parallel_configs, "bwd_local": launcher._bwd_loop_configs,
-             "bwd_state": launcher._sequential_configs, "bwd_chunk": launcher._bwd_loop_configs}
+             "output": launcher._parallel_configs, "bwd_local": launcher._bwd_local_configs,
+             "bwd_state": launcher._sequential_configs, "bwd_chunk": launcher._bwd_chunk_configs}
     cls = launcher._shape_class(B, T, H, K, K, dot_precision(dtype, K), torch.device(DEVICE))
     return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in lists[kernel](cls)]
 
@@ -266,10 +270,16 @@ def test_sequential_kernels_take_narrow_value_blocks_where_programs_are_few():
     assert launcher._sequential_configs(launcher._shape_class(1, 32768, 4, 64, 64, "tf32x3", None))[0].kwargs["BV"] == 32
 
 
-def test_loop_kernels_keep_to_4_warps_where_value_blocks_are_wider_than_the_head():
+def test_loop_kernels_keep_to_4_warps_where_one_value_block_covers_the_head():
     from ltm.kernels.delta_rule import chunk as launcher
     for K in (64, 128):
-        narrow = launcher._bwd_loop_configs(launcher._shape_class(1, 70, 2, K, 16, "bf16", None))
-        assert narrow and all(c.num_warps == 4 for c in narrow)
-    wide = launcher._bwd_loop_configs(launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None))
-    assert wide[0].num_warps == 8
+        for V in (16, 32):
+            cls = launcher._shape_class(1, 70, 2, K, V, "bf16", None)
+            for configs in (launcher._bwd_local_configs(cls), launcher._bwd_chunk_configs(cls)):
+                assert configs and all(c.num_warps == 4 for c in configs)
+    wide = launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None)
+    assert all(c.num_warps == 4 for c in launcher._bwd_local_configs(wide))
+    # 8 warps only where they loop over two value blocks or more
+    for c in launcher._bwd_chunk_configs(wide):
+        assert c.num_warps == 4 or triton.cdiv(128, c.kwargs["BV"]) >= 2
+    assert launcher._bwd_chunk_configs(wide)[0].num_warps == 8
