@@ -88,6 +88,10 @@ def _sequential_configs(shape_class: tuple) -> list:
     configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16)]
+        if precision == "bf16" and programs >= 64:  # below 64 they come first (next branch)
+            # 4 stages: forward 0.319 against 0.333 ms with 3 at 2,8192,8,128 (64 programs of 32
+            # columns; H100, Triton 3.6, `--wide`, 2026-11-25)
+            configs += [tuning.config(4, 4, BV=16)]
     if programs < 64 and precision == "bf16":
         # few programs (a single long sequence of few heads): 16-wide blocks and 4 stages first.
         # At 1,32768,4,128 (16 programs of 32 columns, 512 steps) the forward took 0.74 against
