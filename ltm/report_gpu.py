@@ -111,7 +111,7 @@ def gpu_time_to_target_section(folder: Path) -> Section:
         figures.append(time_to_loss_figure({n: r["curve"] for n, r in ttt["runs"].items()},
                                            ttt["target_loss"]))
         notes.append(f"{path.name}: {record['device']}, torch {record.get('torch')}, commit "
-                     f"{str(record.get('commit'))[:7]}, {'compiled' if ttt.get('compile') else 'eager'}, "
+                     f"{str(record.get('commit'))[:7]}, {'compiled' if ttt.get('compile') else 'eager'}, seed {ttt.get('seed', '-')}, "
                      f"target {ttt['target_loss']:.4f} (the final loss of {ttt.get('reference', 'AdamW')})")
     note = ("The same tokens per run; speedup = the reference's seconds to the target / the run's "
             "(training seconds, evaluations left out); the worst speedup over the fixed targets "

@@ -72,13 +72,13 @@ def test_time_to_target_section_tables_each_run_with_its_worst_fixed_target(tmp_
     runs = {"adamw": _ttt_run("adamw", [5.0, 4.5, 4.0], [1.0, 2.0, 3.0], {"4.5": 1.0, "4.0": 1.0}),
             "muon": _ttt_run("muon", [4.8, 4.2, 3.9], [0.5, 1.0, 1.5], {"4.5": 2.0, "4.0": 1.8, "3.9": None})}
     record = {"device": "Some GPU", "torch": "2.11", "commit": "abc1234def",
-              "ttt": {"target_loss": 4.0, "reference": "adamw", "compile": True, "runs": runs}}
+              "ttt": {"target_loss": 4.0, "reference": "adamw", "compile": True, "seed": 7, "runs": runs}}
     (folder / "run.json").write_text(json.dumps(record))
     section = gpu_time_to_target_section(folder)
     (table,) = section.tables
     assert table.name.tolist() == ["adamw", "muon"]
     assert table.worst_fixed_target_speedup.tolist() == [1.0, 1.8]
-    assert "run.json: Some GPU, torch 2.11, commit abc1234, compiled, target 4.0000" in section.note
+    assert "run.json: Some GPU, torch 2.11, commit abc1234, compiled, seed 7, target 4.0000" in section.note
     assert len(section.figures) == 1 and any(ax.has_data() for ax in section.figures[0].axes)
     (folder / "skipped.json").write_text(json.dumps({"device": "Some GPU", "ttt": {"skipped": "no cache"}}))
     with pytest.raises(ValueError, match=r"skipped\.json: a time-to-target record without scored runs \(no cache\)"):

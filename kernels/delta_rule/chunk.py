@@ -89,8 +89,11 @@ def _sequential_configs(shape_class: tuple) -> list:
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16)]
         if precision == "bf16" and programs >= 64:  # below 64 they come first (next branch)
-            # 4 stages: forward 0.319 against 0.333 ms with 3 at 2,8192,8,128 (64 programs of 32
-            # columns; H100, Triton 3.6, `--wide`, 2026-11-25)
+            # for the tuner (LTM_AUTOTUNE=1): forward 0.319 against 0.333 ms with 3 stages at
+            # 2,8192,8,128 (64 programs of 32 columns; H100, Triton 3.6, `--wide`, 2026-11-25); not
+            # the default: 16-wide blocks gained nothing in forward+backward at 64 programs before
+            # (`_bwd_state` takes this list too), and at 8,2048,8,128 (256 programs) the forward
+            # took 0.330 against 0.280 ms
             configs += [tuning.config(4, 4, BV=16)]
     if programs < 64 and precision == "bf16":
         # few programs (a single long sequence of few heads): 16-wide blocks and 4 stages first.
