@@ -1,6 +1,7 @@
 """How much of a chunked op's measured time is the host's: ours against fla, on one GPU.
 
     python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule] [--impls triton,fla]
+                                 [--segments 0 8 16]   # ours: the delta rule's forward by segments of >= N chunks (0: off)
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -16,6 +17,8 @@ measured copy bandwidth and matmul rate). A bench_ms well above graph_ms is host
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import sys
 import time
@@ -77,12 +80,28 @@ def measure(step) -> dict:
     return row
 
 
+@contextlib.contextmanager
+def segmented(min_chunks: int):
+    """The delta rule's forward state pass by segments of at least `min_chunks` chunks (0: off)."""
+    from ltm.kernels.delta_rule import launch_choices
+    saved = launch_choices.SEGMENTED_FORWARD, launch_choices.MIN_SEGMENT_CHUNKS
+    launch_choices.SEGMENTED_FORWARD = min_chunks > 0
+    launch_choices.MIN_SEGMENT_CHUNKS = max(1, min_chunks)
+    try:
+        yield
+    finally:
+        launch_choices.SEGMENTED_FORWARD, launch_choices.MIN_SEGMENT_CHUNKS = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--ops", default="delta_rule")
     parser.add_argument("--impls", default="triton,fla", help="of triton (ours), fla")
+    parser.add_argument("--segments", nargs="+", type=int, default=[0],
+                        help="each run of ours: the delta rule's forward state pass by segments of at "
+                             "least N chunks (ltm.kernels.delta_rule.launch_choices; 0: off, the default)")
     args = parser.parse_args()
     device = torch.device("cuda")
     ceilings = measure_ceilings(device, 10, 60)
@@ -94,14 +113,16 @@ def main() -> None:
             for name, fn in implementations(op, device).items():
                 if name not in args.impls.split(","):
                     continue
-                for backward in (False, True):
+                for segments, backward in itertools.product(
+                        args.segments if name == "triton" else [0], (False, True)):
                     floor = floor_ms(op, *shape, 2, backward, ceilings)
-                    row = {"op": op, "shape": list(shape), "impl": name,
-                           "pass": "fb" if backward else "fwd", "floor_ms": floor,
-                           **measure(pass_fn(fn, x, backward))}
+                    with segmented(segments):
+                        timings = measure(pass_fn(fn, x, backward))
+                    row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
+                           "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
                     row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
                     rows.append(row)
-                    print(f"{op:17s} {text:14s} {name:6s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<3d} {row['pass']:3s} bench {row['bench_ms']:.3f} "
                           f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
                           f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
                           f"x{row['graph_floor']:.1f})", flush=True)

@@ -1,10 +1,10 @@
 """Chunked (gated) delta rule in Triton: the launchers, the autograd Function and the public op
-`triton_chunk_delta_rule`. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`; everything a
-launch chooses (chunk, value blocks, warps, stages, tile precision) is decided here, in one module,
-so that gpu/sweep_launch.py and gpu/delta_rule_variants.py can patch it in one place. Each kernel
-has a short list of launch configurations, measured default first, per shape class
-(`_shape_class`); on a GPU `ltm.kernels.tuning` times the list once per class and keeps the
-fastest, under Triton's interpreter it runs the default.
+`triton_chunk_delta_rule`. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`; what each launch
+chooses (chunk, value blocks, warps, stages; the forward's segments) in `launch_choices.py`: per
+kernel a short list of launch configurations per shape class, measured default first; on a GPU
+`ltm.kernels.tuning` times a list once per class and keeps the fastest when asked, otherwise the
+default runs. The variants gpu/delta_rule_variants.py times (tile precision, the inverse, the
+backward's buffer dtypes) are switches here.
 
 Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the state entering it:
     A    = strict_lower(beta_i k_i.k_j exp(G_i - G_j)),  L = I + A
@@ -31,80 +31,18 @@ from ltm.kernels import tuning
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot_precision, intermediate_dtype, nan_buffer)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
-from ltm.kernels.delta_rule.chunk_fwd import _fwd_kernel, _output_kernel, _prep_fwd_kernel
+from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _output_kernel, _prep_fwd_kernel,
+                                              _segment_states_kernel)
+# the launch choices, imported by name: `chunk.CHUNK`, `chunk._bwd_chunk_configs`, ... read as
+# before (patch `launch_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
+from ltm.kernels.delta_rule import launch_choices
+from ltm.kernels.delta_rule.launch_choices import (  # noqa: F401
+    CHUNK, _bwd_chunk_configs, _bwd_local_configs, _parallel_configs, _prep_configs, _programs_32,
+    _sequential_configs, _shape_class, _sm_count)
 
-# Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
-# steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
-CHUNK = 64
 # Invert L's 16 x 16 diagonal blocks by repeated squaring (tensor cores) rather than forward
 # substitution (15 dependent row updates); gpu/delta_rule_variants.py times the two.
 INVERSE_BY_SQUARING = True
-
-
-# Streaming multiprocessors of the GPU the shape classes below were written for (H100 SXM: 132,
-# H200: 132); `_sm_count` asks for the device's own count when there is one.
-DEFAULT_SM_COUNT = 132
-
-
-def _sm_count(device: torch.device | None) -> int:
-    if device is not None and device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_SM_COUNT
-
-
-def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
-                 device: torch.device | None) -> tuple:
-    """What the launch choices depend on: head sizes, tile precision, chunks per sequence (the
-    sequential kernels' steps) and B H (their programs per value block), the last two rounded up
-    to powers of two, and the SM count. One tuning per class and dtype (`ltm.kernels.tuning`)."""
-    return (K, V, precision, tuning.bucket(triton.cdiv(T, CHUNK), 1024), tuning.bucket(B * H, 1024),
-            _sm_count(device))
-
-
-def _programs_32(shape_class: tuple) -> int:
-    # programs of a sequential kernel on 32-wide value blocks in this class
-    K, V, _, _, BH, _ = shape_class
-    return BH * triton.cdiv(V, 32)
-
-
-def _sequential_configs(shape_class: tuple) -> list:
-    """`_fwd_kernel` and `_bwd_state_kernel`: they walk the chunks one after another carrying only
-    the (BK, BV) state, so the next chunk's tiles can be loaded while the current one is used.
-    Default (first): 32-wide value blocks, 3 stages, 4 warps (2.28 against 2.46 ms fwd+bwd at
-    8,2048,8,128, 1.70 against 1.75 at 8,2048,16,64; H100, gpu/sweep_launch.py sequential).
-    float32 tiles (float32 and float16 inputs) of keys wider than 64 are twice those bytes: with 3
-    stages `_bwd_state` asked for 246,784 bytes of shared memory where a Hopper block may have
-    232,448 (tests/kernels/test_kernels_shared_memory.py), so 1 stage and 8 warps there.
-    Where B H cdiv(V, 32) programs leave SMs idle (below twice the SM count) 16-wide blocks double
-    them (no gain measured at 2,8192,8,128, 64 programs: tuned per class rather than imposed);
-    below 64 programs (bf16 tiles) they are the default, measured below;
-    where there are programs to spare, 64-wide blocks read the (64, K) key tiles half as often."""
-    K, V, precision, _, _, sms = shape_class
-    programs = _programs_32(shape_class)
-    if K > 64 and precision != "bf16":
-        # 16-wide blocks with 1 stage left the list: forward outputs 3-5% off in float32 on an H100
-        # (Triton 3.6; tests/kernels/test_kernels_delta_rule.py checks every listed launch there)
-        return [tuning.config(8, 1, BV=32), tuning.config(4, 1, BV=32)]
-    configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
-    if programs < 2 * sms:
-        configs += [tuning.config(4, 3, BV=16)]
-        if precision == "bf16" and programs >= 64:  # below 64 they come first (next branch)
-            # for the tuner (LTM_AUTOTUNE=1): forward 0.319 against 0.333 ms with 3 stages at
-            # 2,8192,8,128 (64 programs of 32 columns; H100, Triton 3.6, `--wide`, 2026-11-25); not
-            # the default: 16-wide blocks gained nothing in forward+backward at 64 programs before
-            # (`_bwd_state` takes this list too), and at 8,2048,8,128 (256 programs) the forward
-            # took 0.330 against 0.280 ms
-            configs += [tuning.config(4, 4, BV=16)]
-    if programs < 64 and precision == "bf16":
-        # few programs (a single long sequence of few heads): 16-wide blocks and 4 stages first.
-        # At 1,32768,4,128 (16 programs of 32 columns, 512 steps) the forward took 0.74 against
-        # 1.03 ms and the forward+backward with `_bwd_state` on them 3.47 against 3.57 ms; at
-        # 1,16384,8,64 0.375 against 0.404 and 1.32 against 1.36 ms (H100, bf16,
-        # gpu/sweep_launch.py --wide: 16 or 32 columns x 2 or 4 warps x 2-4 stages)
-        configs = [tuning.config(4, 4, BV=16)] + configs
-    if programs >= sms and V >= 64:
-        configs += [tuning.config(4, 3, BV=64), tuning.config(8, 2, BV=64)]
-    return configs
 
 
 # dtypes of the backward's buffers: dd (dD), dh_local (each chunk's own (exp(G) Q)^T dO, from
@@ -124,92 +62,51 @@ def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
     return mid if BWD_BUFFERS[name] == "mid" else torch.float32
 
 
-def _parallel_configs(shape_class: tuple) -> list:
-    """`_output_kernel` (chunk-parallel, one program per value block, chunk and head). 32-wide
-    blocks with 4 warps and 1 stage (0.33 against 0.41 ms with 8 warps at 8,2048,8,128; H100,
-    gpu/sweep_launch.py output); wider blocks read q and k fewer times. With bf16 tiles and heads
-    wider than 64 the whole head in one 128-wide block comes first: forward 0.545 against 0.606 ms
-    at 32,2048,4,128, 0.284 against 0.310 at 8,2048,8,128, 1.37 against 1.53 at 2,32768,8,128
-    (stages changed nothing; 8 warps were slower at each width; H100, Triton 3.6, `--wide`)."""
-    V, precision = shape_class[1], shape_class[2]
-    configs = [tuning.config(4, 1, BV=32), tuning.config(4, 2, BV=32)]
-    if V >= 64:
-        configs += [tuning.config(4, 1, BV=64), tuning.config(8, 1, BV=64)]
-    if V > 64 and precision == "bf16":
-        configs = [tuning.config(4, 1, BV=128)] + configs[:1] + configs[2:3]
-    return configs
-
-
-def _prep_configs(shape_class: tuple) -> list:
-    # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
-    # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
-    # gpu/sweep_launch.py prep)
-    return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
-
-
-# Where one value block covers the whole head (V <= 32 with 32-wide blocks), the loop kernels' 8-warp
-# launches went wrong on an H100 (Triton 3.6, bf16): `_bwd_local` gave dq with a relative error of
-# 0.97 at K = 128, V = 16 and 0.69 at K = 128, V = 32, and an illegal memory access at K = 64, V = 16,
-# with 1 or 2 stages; 4-warp launches were right, and so was the interpreter with either (a compiler
-# fault, not the maths). Every test that passed with 8 warps looped over two value blocks or more.
-SINGLE_BLOCK_MAX_V = 32
-
-
-def _bwd_local_configs(shape_class: tuple) -> list:
-    """`_bwd_local_kernel`: one program per chunk and head, looping over the value columns with a
-    (BT, BK) and a (BT, BT) float32 accumulator. 4 warps only (8 were never faster, see
-    `SINGLE_BLOCK_MAX_V` for why they are left out). With bf16 tiles and heads wider than 64 the
-    whole head in one 128-wide block comes first: forward+backward 2.07 against 2.09 (32 columns,
-    3 stages) and 2.22 ms (8 warps, the earlier default) at 32,2048,4,128; 1.07 against 1.09 and
-    1.15 at 8,2048,8,128; 4.95 against 5.00 and 5.24 at 2,32768,8,128 (H100, Triton 3.6,
-    gpu/sweep_launch.py --wide, the other kernels on their defaults). At K <= 64, V >= 64: all 64
-    columns at once (0.89 against 1.07 ms at 8,2048,12,64, measured when one kernel did both)."""
-    K, V, precision = shape_class[0], shape_class[1], shape_class[2]
-    if K <= 64 and V >= 64:
-        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
-    configs = [tuning.config(4, 2, BV=32), tuning.config(4, 1, BV=32)]
-    if V > 64 and precision == "bf16":
-        configs = [tuning.config(4, 1, BV=128), tuning.config(4, 3, BV=32)] + configs[:1]
-    return configs
-
-
-def _bwd_chunk_configs(shape_class: tuple) -> list:
-    """`_bwd_chunk_kernel`: one program per chunk and head, looping over the value columns with a
-    (BT, BK) and a (BT, BT) float32 accumulator. At K <= 64, V >= 64: all 64 columns at once with
-    4 warps. At K = 128, 8 warps: 32 columns with 2 stages (2.19 against 2.29 ms at 8,2048,8,128;
-    16 warps were slower, 3.5 ms, and crashed at K = 64 with an illegal memory access); with bf16
-    tiles and V >= 128, 64 columns with 3 stages come first since dq left this kernel: 2.05
-    against 2.14 (32 columns, 3 stages) and 2.22 ms (2 stages) at 32,2048,4,128; 1.07 against 1.11
-    and 1.15 at 8,2048,8,128; 4.93 against 5.08 and 5.24 at 2,32768,8,128 (H100, Triton 3.6, `--wide`;
-    128 columns were slower, 2.22-2.42 ms; 4 warps on 64 columns 2.38-2.52). With float32 tiles at
-    K = 128 two stages of 32 columns take 229,376 of the 232,448 bytes of shared memory.
-    Two programs per chunk and head, one per half of K, were slower at every shape measured
-    (6.35-6.77 against 6.18 ms forward+backward at 2,32768,8,128, 2.75-3.01 against 2.69 at
-    4,4096,16,128, 1.46-1.91 against 1.36 at 8,2048,16,64; H100, gpu/sweep_launch.py): the (BT, BT)
-    products over V that both halves need cost more than the narrower accumulators save."""
-    K, V, precision = shape_class[0], shape_class[1], shape_class[2]
-    if K <= 64 and V >= 64:
-        return [tuning.config(4, 2, BV=64), tuning.config(4, 1, BV=64), tuning.config(4, 2, BV=32)]
-    if V <= SINGLE_BLOCK_MAX_V:
-        return [tuning.config(4, 2, BV=32), tuning.config(4, 1, BV=32)]
-    if K > 64 and V >= 128 and precision == "bf16":
-        return [tuning.config(8, 3, BV=64), tuning.config(8, 2, BV=64), tuning.config(8, 3, BV=32),
-                tuning.config(8, 2, BV=32)]
-    return [tuning.config(8 if K > 64 else 4, 2, BV=32), tuning.config(8 if K > 64 else 4, 1, BV=32),
-            tuning.config(4 if K > 64 else 8, 2, BV=32)]
-
-
 # each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
 # broke torch.compile's graph once per layer (dynamo: "Unsupported hasattr call"; H100, torch 2.11)
 _ARG_NAMES = {kernel.__name__: tuple(kernel.arg_names) for kernel in (
-    _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel, _fwd_kernel, _output_kernel,
-    _prep_fwd_kernel)}
+    _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel, _output_kernel, _prep_fwd_kernel)}
 
 
 def _args(kernel: str, *values) -> dict:
     """The arguments of the kernel named `kernel` by name, up to the tuned ones (BV, warps,
     stages), which `tuning.launch` adds."""
     return dict(zip(_ARG_NAMES[kernel], values))
+
+
+def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls):
+    """The forward's state pass: the state entering each chunk into h, D into d, the final state
+    into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
+    "Segments": off by default)."""
+    T, H, HQ, K, V = dims
+    BT, BK, BH = CHUNK, block_size(K), h.shape[0]
+    NT = triton.cdiv(T, BT)
+    seg = launch_choices._segment_chunks(cls, NT)
+    NS = triton.cdiv(NT, seg)
+    common = {"k": k, "w": w, "gcum": gcum, "T": T, "H": H, "HQ": HQ, "SEG": seg, "K": K, "BT": BT,
+              "BK": BK, "PRECISION": precision}
+    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": True, "TRANSITION": False}
+    if NS > 1:
+        f32, dev = torch.float32, k.device
+        ends, trans = nan_buffer((BH * NS, K, V), f32, dev), nan_buffer((BH * NS, K, K), f32, dev)
+        starts = nan_buffer((BH * NS, K, V), f32, dev)
+        for width, extra in ((V, {"u": u, "ht": ends, "TRANSITION": False}),
+                             (K, {"u": None, "ht": trans, "TRANSITION": True})):
+            tuning.launch("delta_rule.fwd_segment", _fwd_kernel,
+                          lambda m, width=width: (triton.cdiv(width, m["BV"]), BH, NS),
+                          _sequential_configs(cls), cls,
+                          {**common, "h": None, "d": None, "h0": None, "V": width, "USE_H0": False,
+                           "STORE_HT": True, "STORE_HD": False, **extra})
+        tuning.launch("delta_rule.fwd_segment_states", _segment_states_kernel,
+                      lambda m: (triton.cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
+                      {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,
+                       "V": V, "BK": BK, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
+                       "PRECISION": "tf32x3"})  # float32-level: the states' sums over segments
+        h0, ht = starts, None
+    tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), BH, NS),
+                  _sequential_configs(cls), cls,
+                  {**common, **pass_kwargs, "h0": h0, "ht": ht, "USE_H0": h0 is not None,
+                   "STORE_HT": ht is not None})
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
@@ -235,11 +132,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     d = nan_buffer((B, T, H, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
-                  _sequential_configs(cls), cls,
-                  {**_args("_fwd_kernel", k, w, u, gcum, h, d, initial_state, ht, T, H, HQ, K, V, BT, BK),
-                   "USE_H0": initial_state is not None, "STORE_HT": output_final_state,
-                   "PRECISION": precision})
+    _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
                   {**_args("_output_kernel", q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),

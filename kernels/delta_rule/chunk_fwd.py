@@ -3,6 +3,8 @@
 `_prep_fwd_kernel` (chunk-parallel): the in-chunk cumulative log decay G, L^-1 block by block,
 W = L^-1 (beta exp(G) K) and U = L^-1 (beta V). `_fwd_kernel` (sequential over chunks): the state
 entering each chunk and the applied deltas D = U - W S0. `_output_kernel` (chunk-parallel): O.
+With segments (launch_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
+transition matrices), `_segment_states_kernel` (sequential over segments), `_fwd_kernel` again.
 """
 from __future__ import annotations
 
@@ -140,46 +142,77 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
+def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
-                STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+                STORE_HT: tl.constexpr, STORE_HD: tl.constexpr, TRANSITION: tl.constexpr,
+                PRECISION: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
-    # computed afterwards, all chunks in parallel, by `_output_kernel`
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    # computed afterwards, all chunks in parallel, by `_output_kernel`. Program (i_v, i_bh, i_s)
+    # walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1 (one segment: the whole sequence):
+    # it starts from h0[i_bh NS + i_s] (or zeros) and leaves its end state in ht[i_bh NS + i_s].
+    # TRANSITION: U taken as 0 and the state started from the identity (V = K), so that the end
+    # state is the segment's transition matrix (launch_choices.py, "Segments")
+    i_v, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NS = tl.num_programs(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
     idx = tl.arange(0, BT)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        p_h0 = state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)
+    if TRANSITION:
+        eye = tl.arange(0, BK)[:, None] == (i_v * BV + tl.arange(0, BV))[None, :]
+        b_s += tl.where(eye, 1., 0.)
+    elif USE_H0:
+        p_h0 = state_tile(h0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_s += load_tile(p_h0).to(tl.float32)
-    for i_t in range(NT):
+    for i_t in range(i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)):
         rows = i_t * BT + idx
         valid = rows < T
-        p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
-        store_tile(p_h, b_s)
+        if STORE_HD:
+            p_h = state_tile(h, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+            store_tile(p_h, b_s)
         # K^T as stored (BK, BT) and the decay on D's rows, not K's: (exp(G_last - G) K)^T D =
         # K^T (exp(G_last - G) D), a (BT, BV) scaling instead of (BT, BK) and no transpose in
         # registers; the step's latency is the kernel's time where B H is small (1,32768,4,128:
         # 512 steps, 2 us each, against fla's 1 us; H100)
         p_kt = seq_tile_t(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-        p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-        p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         b_kt = load_tile(p_kt)
         b_w = load_tile(p_w)
-        b_u = load_tile(p_u)
+        if TRANSITION:
+            b_u = tl.zeros([BT, BV], dtype=tl.float32)
+        else:
+            b_u = load_tile(seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         b_d = b_u - dot(b_w, b_s, PRECISION)
-        store_tile(p_d, b_d)
+        if STORE_HD:
+            store_tile(seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV), b_d)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * k_decay[:, None], PRECISION)
     if STORE_HT:
-        p_ht = state_tile(ht, i_bh, K, V, i_v * BV, BK, BV)
+        p_ht = state_tile(ht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         store_tile(p_ht, b_s)
+
+
+@triton.jit
+def _segment_states_kernel(p, e, h0, hs, ht, NS, K: tl.constexpr, V: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
+                           STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+    # sequential over the segments: S_{s+1} = P_s S_s + E_s from each segment's transition P_s
+    # (K, K) and its end state from zeros E_s; the state entering segment s goes to hs[i_bh NS + s]
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_s += load_tile(state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)
+    for i_s in range(NS):
+        store_tile(state_tile(hs, i_bh * NS + i_s, K, V, i_v * BV, BK, BV), b_s)
+        b_p = load_tile(state_tile(p, i_bh * NS + i_s, K, K, 0, BK, BK))
+        b_e = load_tile(state_tile(e, i_bh * NS + i_s, K, V, i_v * BV, BK, BV))
+        b_s = dot(b_p, b_s, PRECISION) + b_e
+    if STORE_HT:
+        store_tile(state_tile(ht, i_bh, K, V, i_v * BV, BK, BV), b_s)
 
 
 @triton.jit

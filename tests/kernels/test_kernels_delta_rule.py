@@ -23,7 +23,7 @@ CASES = [
 if ON_GPU:
     # V = 16: the launcher's value blocks stay 32 wide (16 crashed on Hopper)
     # V < 32 (value blocks wider than the head) and V = 32 at both K: 8-warp launches of
-    # `_bwd_local` went wrong at V = 16 and 32 on an H100 (chunk.py, `SINGLE_BLOCK_MAX_V`)
+    # `_bwd_local` went wrong at V = 16 and 32 on an H100 (launch_choices.py, `SINGLE_BLOCK_MAX_V`)
     CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
               (3, 200, 2, 128, 64, "none", True), (1, 70, 2, 128, 16, "weak", True),
               (1, 70, 2, 64, 16, "strong", True), (2, 200, 2, 128, 32, "strong", True),
@@ -283,3 +283,42 @@ def test_loop_kernels_keep_to_4_warps_where_one_value_block_covers_the_head():
     for c in launcher._bwd_chunk_configs(wide):
         assert c.num_warps == 4 or triton.cdiv(128, c.kwargs["BV"]) >= 2
     assert launcher._bwd_chunk_configs(wide)[0].num_warps == 8
+
+
+# the forward's state pass by segments (`launch_choices.SEGMENTED_FORWARD`), forced on with short
+# segments: 7 chunks in segments of 3, 3 and 1 (the last chunk masked), and 4 in segments of 2
+SEGMENT_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, "strong", True), (2, 3 * CHUNK + 1, 1, 32, 48, "weak", False)]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", SEGMENT_CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
+def test_segmented_forward_matches_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype):
+    from ltm.kernels import tuning
+    from ltm.kernels.delta_rule import launch_choices
+    monkeypatch.setattr(launch_choices, "SEGMENTED_FORWARD", True)
+    monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
+    launched = []
+    launch = tuning.launch
+    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
+    seed = case_seed()
+    tol_out, tol_grad = TOLERANCE[dtype]
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
+                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+    assert "delta_rule.fwd_segment_states" in launched
+
+
+def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
+    from ltm.kernels.delta_rule import launch_choices as choices
+    few = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
+    many = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
+    assert choices._segment_chunks(few, 128) == 128  # off by default
+    monkeypatch.setattr(choices, "SEGMENTED_FORWARD", True)
+    assert choices._segment_chunks(many, 32) == 32
+    seg = choices._segment_chunks(few, 128)
+    assert choices.MIN_SEGMENT_CHUNKS <= seg < 128
+    # segments bring the programs to at most about twice the SMs
+    assert 16 * triton.cdiv(128, seg) <= 2 * choices.DEFAULT_SM_COUNT + 16
+    assert choices._segment_chunks(few, 2 * choices.MIN_SEGMENT_CHUNKS - 1) == 2 * choices.MIN_SEGMENT_CHUNKS - 1

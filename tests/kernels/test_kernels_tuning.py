@@ -9,7 +9,7 @@ import torch
 from reference import DEVICE, assert_matches_reference, case_seed
 
 from ltm.kernels import tuning
-from ltm.kernels.delta_rule import chunk as delta_rule_chunk, triton_chunk_delta_rule
+from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
 from ltm.kernels.rwkv7 import triton_chunk_rwkv7
 from ltm.ops.delta_rule.naive import naive_delta_rule
 from ltm.ops.rwkv7.naive import naive_rwkv7
@@ -56,7 +56,7 @@ def check_every_config_ran(prefix: str, expected: set):
 @pytest.mark.parametrize("sms", [1, 132])
 def test_tuned_delta_rule_matches_the_token_loop(tuned, monkeypatch, sms):
     # the device's own count on a GPU, DEFAULT_SM_COUNT elsewhere: both replaced
-    monkeypatch.setattr(delta_rule_chunk, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(launch_choices, "_sm_count", lambda device: sms)
     seed = case_seed()
     xs = delta_rule_tests.make_inputs(1, 2 * delta_rule_tests.CHUNK + 3, 2, 32, 64, "strong", True,
                                       torch.float32, seed)
