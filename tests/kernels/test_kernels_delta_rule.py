@@ -1,7 +1,6 @@
 """The Triton chunked delta rule against the float64 token loop, forward and every gradient."""
 import pytest
 import torch
-import triton
 import torch.nn.functional as F
 
 from ltm.kernels.delta_rule import triton_chunk_delta_rule
@@ -260,31 +259,6 @@ def test_grouped_heads_need_a_multiple_of_the_heads():
                                 torch.zeros(1, 4, 2, device=DEVICE))
 
 
-def test_sequential_kernels_take_narrow_value_blocks_where_programs_are_few():
-    from ltm.kernels.delta_rule import chunk as launcher
-    few = launcher._shape_class(1, 32768, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
-    many = launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
-    assert launcher._sequential_configs(few)[0].kwargs["BV"] == 16
-    assert launcher._sequential_configs(many)[0].kwargs["BV"] == 32
-    # float32 tiles keep their measured default everywhere
-    assert launcher._sequential_configs(launcher._shape_class(1, 32768, 4, 64, 64, "tf32x3", None))[0].kwargs["BV"] == 32
-
-
-def test_loop_kernels_keep_to_4_warps_where_one_value_block_covers_the_head():
-    from ltm.kernels.delta_rule import chunk as launcher
-    for K in (64, 128):
-        for V in (16, 32):
-            cls = launcher._shape_class(1, 70, 2, K, V, "bf16", None)
-            for configs in (launcher._bwd_local_configs(cls), launcher._bwd_chunk_configs(cls)):
-                assert configs and all(c.num_warps == 4 for c in configs)
-    wide = launcher._shape_class(8, 2048, 8, 128, 128, "bf16", None)
-    assert all(c.num_warps == 4 for c in launcher._bwd_local_configs(wide))
-    # 8 warps only where they loop over two value blocks or more
-    for c in launcher._bwd_chunk_configs(wide):
-        assert c.num_warps == 4 or triton.cdiv(128, c.kwargs["BV"]) >= 2
-    assert launcher._bwd_chunk_configs(wide)[0].num_warps == 8
-
-
 # the forward's state pass by segments (`launch_choices.SEGMENTED_FORWARD`), forced on with short
 # segments: 7 chunks in segments of 3, 3 and 1 (the last chunk masked), and 4 in segments of 2
 SEGMENT_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, "strong", True), (2, 3 * CHUNK + 1, 1, 32, 48, "weak", False)]
@@ -308,17 +282,3 @@ def test_segmented_forward_matches_the_token_loop(monkeypatch, B, T, H, K, V, de
                              ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
     assert "delta_rule.fwd_segment_states" in launched
-
-
-def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
-    from ltm.kernels.delta_rule import launch_choices as choices
-    few = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
-    many = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
-    assert choices._segment_chunks(few, 128) == 128  # off by default
-    monkeypatch.setattr(choices, "SEGMENTED_FORWARD", True)
-    assert choices._segment_chunks(many, 32) == 32
-    seg = choices._segment_chunks(few, 128)
-    assert choices.MIN_SEGMENT_CHUNKS <= seg < 128
-    # segments bring the programs to at most about twice the SMs
-    assert 16 * triton.cdiv(128, seg) <= 2 * choices.DEFAULT_SM_COUNT + 16
-    assert choices._segment_chunks(few, 2 * choices.MIN_SEGMENT_CHUNKS - 1) == 2 * choices.MIN_SEGMENT_CHUNKS - 1

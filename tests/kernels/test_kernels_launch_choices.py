@@ -1,0 +1,42 @@
+"""The delta rule's launch lists and segments (`ltm.kernels.delta_rule.launch_choices`): the rules
+they keep, whatever the measurements put first. Each listed launch is checked against the token
+loop in test_kernels_delta_rule.py (on a GPU: every one; in the interpreter: each value-block layout)."""
+import triton
+
+from ltm.kernels.delta_rule import launch_choices as choices
+
+
+def test_sequential_kernels_take_narrow_value_blocks_where_programs_are_few():
+    few = choices._shape_class(1, 32768, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
+    many = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
+    assert choices._sequential_configs(few)[0].kwargs["BV"] == 16
+    assert choices._sequential_configs(many)[0].kwargs["BV"] == 32
+    # float32 tiles keep their measured default everywhere
+    assert choices._sequential_configs(choices._shape_class(1, 32768, 4, 64, 64, "tf32x3", None))[0].kwargs["BV"] == 32
+
+
+def test_loop_kernels_keep_to_4_warps_where_one_value_block_covers_the_head():
+    for K in (64, 128):
+        for V in (16, 32):
+            cls = choices._shape_class(1, 70, 2, K, V, "bf16", None)
+            for configs in (choices._bwd_local_configs(cls), choices._bwd_chunk_configs(cls)):
+                assert configs and all(c.num_warps == 4 for c in configs)
+    wide = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)
+    assert all(c.num_warps == 4 for c in choices._bwd_local_configs(wide))
+    # 8 warps only where they loop over two value blocks or more
+    for c in choices._bwd_chunk_configs(wide):
+        assert c.num_warps == 4 or triton.cdiv(128, c.kwargs["BV"]) >= 2
+    assert choices._bwd_chunk_configs(wide)[0].num_warps == 8
+
+
+def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
+    few = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
+    many = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
+    assert choices._segment_chunks(few, 128) == 128  # off by default
+    monkeypatch.setattr(choices, "SEGMENTED_FORWARD", True)
+    assert choices._segment_chunks(many, 32) == 32
+    seg = choices._segment_chunks(few, 128)
+    assert choices.MIN_SEGMENT_CHUNKS <= seg < 128
+    # segments bring the programs to at most about twice the SMs
+    assert 16 * triton.cdiv(128, seg) <= 2 * choices.DEFAULT_SM_COUNT + 16
+    assert choices._segment_chunks(few, 2 * choices.MIN_SEGMENT_CHUNKS - 1) == 2 * choices.MIN_SEGMENT_CHUNKS - 1
