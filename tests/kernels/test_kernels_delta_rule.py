@@ -59,18 +59,32 @@ def run_both(xs, output_final_state=True):
     return (o, ht), (o_ref, ht_ref), ref
 
 
-# bfloat16 runs on the CPU too: under the interpreter these kernels round to bfloat16 as the GPU
-# does (`ltm.kernels.common.rounded`), and heads of 64 take the bf16-tile path
-@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else (torch.float32, torch.bfloat16), ids=str)
-@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
-                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
-def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+def check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+    """One random case against the float64 token loop: o, the final state and every gradient."""
     seed = case_seed()
     tol_out, tol_grad = TOLERANCE[dtype]
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
     assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
                              ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+
+
+def spy_on_launches(monkeypatch) -> list:
+    """The names of the tuner's launches from here on, in order."""
+    from ltm.kernels import tuning
+    launched = []
+    launch = tuning.launch
+    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
+    return launched
+
+
+# bfloat16 runs on the CPU too: under the interpreter these kernels round to bfloat16 as the GPU
+# does (`ltm.kernels.common.rounded`), and heads of 64 take the bf16-tile path
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES])
+def test_forward_and_gradients_match_the_token_loop(B, T, H, K, V, decay, with_h0, dtype):
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
 
 
 def test_without_final_state_and_with_scale():
@@ -143,15 +157,8 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
     from ltm.kernels import tuning
     forced = {name: {"num_warps": 4, "num_stages": 1, **meta} for name, meta in LAUNCH_PATHS[path].items()}
     monkeypatch.setattr(tuning, "FORCED", forced)
-    launched = []
-    launch = tuning.launch
-    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
-    seed = case_seed()
-    tol_out, tol_grad = TOLERANCE[dtype]
-    xs = make_inputs(3, 2 * CHUNK + 7, 1, 64, 80, "strong", True, dtype, seed)
-    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
-                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
-                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(3, 2 * CHUNK + 7, 1, 64, 80, "strong", True, dtype)
     assert set(forced) <= set(launched)
 
 
@@ -162,12 +169,7 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
 def test_backward_buffer_dtypes_match_the_token_loop(monkeypatch, choice):
     from ltm.kernels.delta_rule import chunk as launcher
     monkeypatch.setattr(launcher, "BWD_BUFFERS", dict(zip(("dd", "dh_local", "dh"), choice)))
-    seed = case_seed()
-    tol_out, tol_grad = TOLERANCE[torch.bfloat16]
-    xs = make_inputs(2, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16, seed)
-    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
-                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
-                             grad_bounds={"g": DG_HALF_BOUND})
+    check_against_token_loop(2, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16)
 
 
 def _listed_launches(kernel: str, B: int, T: int, H: int, K: int, dtype) -> list[dict]:
@@ -268,17 +270,9 @@ SEGMENT_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, "strong", True), (2, 3 * CHUNK + 
 @pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", SEGMENT_CASES,
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
 def test_segmented_forward_matches_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype):
-    from ltm.kernels import tuning
     from ltm.kernels.delta_rule import launch_choices
     monkeypatch.setattr(launch_choices, "SEGMENTED_FORWARD", True)
     monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
-    launched = []
-    launch = tuning.launch
-    monkeypatch.setattr(tuning, "launch", lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
-    seed = case_seed()
-    tol_out, tol_grad = TOLERANCE[dtype]
-    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
-    assert_matches_reference(triton_chunk_delta_rule, naive_delta_rule, xs,
-                             ("q", "k", "v", "beta", "g", "initial_state"), seed, tol_out, tol_grad,
-                             grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
     assert "delta_rule.fwd_segment_states" in launched
