@@ -85,7 +85,8 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls):
     NS = triton.cdiv(NT, seg)
     common = {"k": k, "w": w, "gcum": gcum, "T": T, "H": H, "HQ": HQ, "SEG": seg, "K": K, "BT": BT,
               "BK": BK, "PRECISION": precision}
-    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": True, "TRANSITION": False}
+    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": True, "SEGMENTED": NS > 1,
+                   "TRANSITION": False}
     if NS > 1:
         f32, dev = torch.float32, k.device
         ends, trans = nan_buffer((BH * NS, K, V), f32, dev), nan_buffer((BH * NS, K, K), f32, dev)
@@ -96,7 +97,7 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls):
                           lambda m, width=width: (triton.cdiv(width, m["BV"]), BH, NS),
                           _sequential_configs(cls), cls,
                           {**common, "h": None, "d": None, "h0": None, "V": width, "USE_H0": False,
-                           "STORE_HT": True, "STORE_HD": False, **extra})
+                           "STORE_HT": True, "STORE_HD": False, "SEGMENTED": True, **extra})
         tuning.launch("delta_rule.fwd_segment_states", _segment_states_kernel,
                       lambda m: (triton.cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
                       {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,

@@ -144,19 +144,24 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
 @triton.jit
 def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
-                STORE_HT: tl.constexpr, STORE_HD: tl.constexpr, TRANSITION: tl.constexpr,
-                PRECISION: tl.constexpr):
+                STORE_HT: tl.constexpr, STORE_HD: tl.constexpr, SEGMENTED: tl.constexpr,
+                TRANSITION: tl.constexpr, PRECISION: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
-    # computed afterwards, all chunks in parallel, by `_output_kernel`. Program (i_v, i_bh, i_s)
-    # walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1 (one segment: the whole sequence):
-    # it starts from h0[i_bh NS + i_s] (or zeros) and leaves its end state in ht[i_bh NS + i_s].
+    # computed afterwards, all chunks in parallel, by `_output_kernel`. SEGMENTED: program
+    # (i_v, i_bh, i_s) walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1, from h0[i_bh NS +
+    # i_s] (or zeros) to its end state in ht[i_bh NS + i_s]; otherwise (the default, compiled as
+    # before segments existed) program (i_v, i_bh) walks the whole sequence from h0[i_bh].
     # TRANSITION: U taken as 0 and the state started from the identity (V = K), so that the end
     # state is the segment's transition matrix (launch_choices.py, "Segments")
-    i_v, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NS = tl.num_programs(2)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
+    if SEGMENTED:
+        i_s, NS = tl.program_id(2), tl.num_programs(2)
+        t_first, t_end = i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)
+    else:
+        i_s, NS, t_first, t_end = 0, 1, 0, NT
     idx = tl.arange(0, BT)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if TRANSITION:
@@ -165,7 +170,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: 
     elif USE_H0:
         p_h0 = state_tile(h0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_s += load_tile(p_h0).to(tl.float32)
-    for i_t in range(i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)):
+    for i_t in range(t_first, t_end):
         rows = i_t * BT + idx
         valid = rows < T
         if STORE_HD:
@@ -177,18 +182,23 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: 
         # 512 steps, 2 us each, against fla's 1 us; H100)
         p_kt = seq_tile_t(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+        # (the pointers in this order: the one-segment pass compiles as before segments existed)
+        if not TRANSITION:
+            p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        if STORE_HD:
+            p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
         b_kt = load_tile(p_kt)
         b_w = load_tile(p_w)
         if TRANSITION:
             b_u = tl.zeros([BT, BV], dtype=tl.float32)
         else:
-            b_u = load_tile(seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
+            b_u = load_tile(p_u)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         b_d = b_u - dot(b_w, b_s, PRECISION)
         if STORE_HD:
-            store_tile(seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV), b_d)
+            store_tile(p_d, b_d)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * k_decay[:, None], PRECISION)
     if STORE_HT:
