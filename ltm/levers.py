@@ -169,10 +169,12 @@ def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
     adamw = [r for r in runs.values() if r.get("optimizer") == "adamw"] or [next(iter(runs.values()))]
     reference = min(adamw, key=lambda r: r["val_loss"])
     target = reference["val_loss"]
+    # the reference's own time first: a run listed before it needs it too
+    a = time_to_target(reference["curve"], target).get("time_to_target_s")
     for name, run in runs.items():
         run.setdefault("name", name)
         run.update(time_to_target(run["curve"], target))
-        a, b = reference.get("time_to_target_s"), run.get("time_to_target_s")
+        b = run.get("time_to_target_s")
         run["speedup"] = a / b if a and b else None
         # equal final quality as the ablate protocol judges another optimiser (an approximate
         # switch): at most ablate.loss_tolerance worse than the reference's final loss

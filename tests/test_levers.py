@@ -202,3 +202,18 @@ def test_score_ttt_takes_adamws_best_run_and_the_worst_ratio_to_any_adamw_of_equ
     assert muon["worst_vs_equal_adamw"] == 2.0  # against batch 16, 0.03 worse at the end
     score_ttt(ttt, tolerance=0.01, targets=[4.5, 4.2])  # batch 16 no longer of equal quality
     assert not runs["adamw b16"]["equal_quality"] and muon["worst_vs_equal_adamw"] == 4.0
+
+
+def test_score_ttt_speedup_of_a_run_listed_before_the_reference():
+    from ltm.levers import score_ttt
+    # the muon run comes first and AdamW's best (the reference) last
+    runs = {"muon": {"optimizer": "muon", "curve": _val_curve([4.8, 4.0, 3.85], [1, 2, 3])},
+            "adamw b16": {"optimizer": "adamw", "curve": _val_curve([5.0, 4.5, 3.95], [1, 2, 3])},
+            "adamw b8": {"optimizer": "adamw", "curve": _val_curve([5.0, 4.2, 3.90], [2, 4, 6])}}
+    for run in runs.values():
+        run["val_loss"] = run["curve"][-1]["loss"]
+    ttt = {"runs": runs}
+    score_ttt(ttt, tolerance=0.05, targets=[4.2])
+    assert ttt["reference"] == "adamw b8"
+    assert runs["muon"]["speedup"] == 2.0  # 6 s against 3 s to 3.90
+    assert runs["adamw b8"]["speedup"] == 1.0 and runs["adamw b16"]["speedup"] is None
