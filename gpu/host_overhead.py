@@ -2,6 +2,7 @@
 
     python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule] [--impls triton,fla]
                                  [--segments 0 8 16]   # ours: the delta rule's forward by segments of >= N chunks (0: off)
+                                 [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -81,16 +82,16 @@ def measure(step) -> dict:
 
 
 @contextlib.contextmanager
-def segmented(min_chunks: int):
-    """The delta rule's forward state pass by segments of at least `min_chunks` chunks (0: off)."""
-    from ltm.kernels.delta_rule import launch_choices
-    saved = launch_choices.SEGMENTED_FORWARD, launch_choices.MIN_SEGMENT_CHUNKS
-    launch_choices.SEGMENTED_FORWARD = min_chunks > 0
-    launch_choices.MIN_SEGMENT_CHUNKS = max(1, min_chunks)
+def segmented(min_chunks: int, fill: int):
+    """The delta rule's forward state pass by segments of at least `min_chunks` chunks (0: off),
+    as many as bring the programs to about `fill` times the SM count."""
+    from ltm.kernels.delta_rule import launch_choices as lc
+    saved = lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL
+    lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL = min_chunks > 0, max(1, min_chunks), fill
     try:
         yield
     finally:
-        launch_choices.SEGMENTED_FORWARD, launch_choices.MIN_SEGMENT_CHUNKS = saved
+        lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL = saved
 
 
 def main() -> None:
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--segments", nargs="+", type=int, default=[0],
                         help="each run of ours: the delta rule's forward state pass by segments of at "
                              "least N chunks (ltm.kernels.delta_rule.launch_choices; 0: off, the default)")
+    parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
+                        help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
     args = parser.parse_args()
     device = torch.device("cuda")
     ceilings = measure_ceilings(device, 10, 60)
@@ -113,16 +116,18 @@ def main() -> None:
             for name, fn in implementations(op, device).items():
                 if name not in args.impls.split(","):
                     continue
-                for segments, backward in itertools.product(
-                        args.segments if name == "triton" else [0], (False, True)):
+                runs = [(0, 2)] if name != "triton" else [
+                    (n, f) for n in args.segments for f in (args.segment_fill if n else [2])]
+                for (segments, fill), backward in itertools.product(runs, (False, True)):
                     floor = floor_ms(op, *shape, 2, backward, ceilings)
-                    with segmented(segments):
+                    with segmented(segments, fill):
                         timings = measure(pass_fn(fn, x, backward))
                     row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
-                           "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
+                           "segment_fill": fill, "pass": "fb" if backward else "fwd", "floor_ms": floor,
+                           **timings}
                     row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
                     rows.append(row)
-                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<3d} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} {row['pass']:3s} bench {row['bench_ms']:.3f} "
                           f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
                           f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
                           f"x{row['graph_floor']:.1f})", flush=True)

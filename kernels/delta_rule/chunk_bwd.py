@@ -60,7 +60,9 @@ def _bwd_local_kernel(q, k, d, h, gcum, do, dd, dh, dq, ds, dg_local, scale, T, 
     b_dG = tl.sum(b_q.to(tl.float32) * dq_state, axis=1) * scale
     b_ds = b_r * decay
     b_dq = dq_state + dot(b_ds, b_k, PRECISION)
-    p_s = b_ds * dot(b_q, tl.trans(b_k), PRECISION) * scale
+    # dG's share of the scores, dS * (scale Q K^T) = (dO D^T) * b_a: b_a holds the decay and
+    # the scale already, so no second Q K^T
+    p_s = b_r * b_a
     b_dG += tl.sum(p_s, axis=1) - tl.sum(p_s, axis=0)
     store_tile(seq_tile(dq, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK), b_dq * scale)
     ds_ptrs = ds + (i_bh * NT + i_t).to(tl.int64) * BT * BT + idx[:, None] * BT + idx[None, :]

@@ -165,18 +165,26 @@ def _bwd_chunk_configs(shape_class: tuple) -> list:
 # K)^T W S per chunk; (2) S_{s+1} = P_s S_s + E_s, sequential over the segments
 # (`_segment_states_kernel`); (3) each segment again from its true entering state S_s, storing
 # the per-chunk states and D as the one-segment pass does. About 3x the state pass's FLOPs, on up
-# to NT / MIN_SEGMENT_CHUNKS times the programs. Off until timed on a GPU
-# (gpu/host_overhead.py --segments 0 8 16); tests/kernels/test_kernels_delta_rule.py checks it.
+# to NT / MIN_SEGMENT_CHUNKS times the programs. Off: timed on an H200 (Triton 3.6, bf16, CUDA-graph
+# GPU time, gpu/host_overhead.py --segments 0 4 --segment-fill 2 4 8) it was slower at 4 of the 5
+# few-B H shapes, forward 0.334 -> 0.444-0.504 ms at 2,8192,8,128, 1.299 -> 1.447-1.572 at
+# 2,32768,8,128, 0.172 -> 0.268-0.414 at 1,8192,4,128, 0.678 -> 0.664-1.106 at 1,32768,4,128; only
+# 1,16384,8,64 gained (0.311 -> 0.241), and there do_bench lost to the host's time (0.321 ->
+# 0.513): the 3x work costs more than the programs gain. tests/kernels/test_kernels_delta_rule.py
+# checks it.
 SEGMENTED_FORWARD = False
 MIN_SEGMENT_CHUNKS = 8
+# segments bring the programs to about SEGMENT_FILL times the SM count (more segments, more of the
+# 3x work; gpu/host_overhead.py --segment-fill sweeps it)
+SEGMENT_FILL = 2
 
 
 def _segment_chunks(shape_class: tuple, NT: int) -> int:
     """Chunks per segment of the forward's state pass; NT (one segment) unless SEGMENTED_FORWARD
     and the programs of 32-wide value blocks fill less than the SMs, then as many segments as
-    bring them to about twice the SM count, each at least MIN_SEGMENT_CHUNKS long."""
+    bring them to about SEGMENT_FILL times the SM count, each at least MIN_SEGMENT_CHUNKS long."""
     programs, sms = _programs_32(shape_class), shape_class[-1]
     if not SEGMENTED_FORWARD or programs >= sms or NT < 2 * MIN_SEGMENT_CHUNKS:
         return NT
-    segments = min(triton.cdiv(2 * sms, programs), NT // MIN_SEGMENT_CHUNKS)
+    segments = min(triton.cdiv(SEGMENT_FILL * sms, programs), NT // MIN_SEGMENT_CHUNKS)
     return triton.cdiv(NT, segments)
