@@ -7,11 +7,13 @@
 
 `delta_rule` / `rwkv7`: every configuration on the list of every kernel of the chunked op
 (`ltm.kernels.delta_rule.chunk`, `ltm.kernels.rwkv7.chunk`: `*_configs` of the shape's class),
-forced through `ltm.kernels.tuning.FORCED`; the op's forward time for the forward kernels, its
-forward+backward for the backward ones (triton.testing.do_bench median, bf16 inputs as a layer
+forced through `ltm.kernels.tuning.FORCED`; the op's forward time for the forward kernels (for
+the state pass with the outputs fused: the forward under no_grad, "inf", and the training
+forward with it forced on, "fwd+fused"), its forward+backward for the backward ones (triton.testing.do_bench median, bf16 inputs as a layer
 feeds them, gated delta rule). `rwkv7_loop`: the RWKV-7 token loop's `_value_block` and
 `_launch_options` (`ltm.kernels.rwkv7.fused_recurrent`).
 """
+import contextlib
 import itertools
 import sys
 from unittest import mock
@@ -55,7 +57,12 @@ KERNELS = {
                    ("delta_rule.output", delta_rule_chunk._parallel_configs, "fwd"),
                    ("delta_rule.bwd_local", delta_rule_chunk._bwd_local_configs, "fb"),
                    ("delta_rule.bwd_state", delta_rule_chunk._sequential_configs, "fb"),
-                   ("delta_rule.bwd_chunk", delta_rule_chunk._bwd_chunk_configs, "fb")],
+                   ("delta_rule.bwd_chunk", delta_rule_chunk._bwd_chunk_configs, "fb"),
+                   # the state pass with the outputs fused: the forward without a backward ("inf",
+                   # under no_grad) and, forced on, the training forward ("fwd+fused")
+                   ("delta_rule.fwd_output", delta_rule_chunk.launch_choices._fused_output_configs, "inf"),
+                   ("delta_rule.fwd_output", delta_rule_chunk.launch_choices._fused_output_configs,
+                    "fwd+fused")],
     "rwkv7": [("rwkv7.prep", rwkv7_chunk._prep_configs, "fwd"),
               ("rwkv7.fwd_state", rwkv7_chunk._sequential_configs, "fwd"),
               ("rwkv7.output", rwkv7_chunk._output_configs, "fwd"),
@@ -86,7 +93,16 @@ def wide_loop(cls) -> list:
             for bv, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3))]
 
 
-WIDE = {"delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
+def wide_fused(cls) -> list:
+    """`--wide` for the state pass with the outputs fused: value blocks 16-64 (it recomputes Q K^T
+    per value block), 4 or 8 warps (4 spill 0.3 KB per thread at K = 128, 8 spill 80 bytes:
+    ptxas), 2 or 3 stages."""
+    return [tuning.config(warps, stages, BV=bv)
+            for bv, warps, stages in itertools.product((16, 32, 64), (4, 8), (2, 3))]
+
+
+WIDE = {"delta_rule.fwd_output": wide_fused,
+        "delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
         "delta_rule.bwd_chunk": wide_loop, "delta_rule.bwd_local": wide_loop,
         "delta_rule.output": wide_loop}
 
@@ -116,8 +132,13 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
                     continue
                 choice = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 label = " ".join(f"{key}={value}" for key, value in choice.items())
+                # the fused state pass's rows take it whatever `_fuses_output` would choose
+                fuses = ((lambda cls, backward: not backward or pass_ == "fwd+fused")
+                         if name == "delta_rule.fwd_output" else delta_rule_chunk.launch_choices._fuses_output)
                 with mock.patch.object(tuning, "AUTOTUNE", False), \
-                        mock.patch.dict(tuning.FORCED, {name: choice}):
+                        mock.patch.dict(tuning.FORCED, {name: choice}), \
+                        mock.patch.object(delta_rule_chunk.launch_choices, "_fuses_output", fuses), \
+                        torch.no_grad() if pass_ == "inf" else contextlib.nullcontext():
                     try:
                         if compile_only:
                             fn(x).sum().backward() if pass_ == "fb" else fn(x)

@@ -74,19 +74,21 @@ def _args(kernel: str, *values) -> dict:
     return dict(zip(_ARG_NAMES[kernel], values))
 
 
-def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls):
+def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None):
     """The forward's state pass: the state entering each chunk into h, D into d, the final state
     into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
-    "Segments": off by default)."""
+    "Segments": off by default). fused_o = (q, o, scale): the outputs into o in the same pass
+    (one segment only); h and d may then be None (not stored)."""
     T, H, HQ, K, V = dims
-    BT, BK, BH = CHUNK, block_size(K), h.shape[0]
+    BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
     NT = triton.cdiv(T, BT)
-    seg = launch_choices._segment_chunks(cls, NT)
+    seg = NT if fused_o is not None else launch_choices._segment_chunks(cls, NT)
     NS = triton.cdiv(NT, seg)
-    common = {"k": k, "w": w, "gcum": gcum, "T": T, "H": H, "HQ": HQ, "SEG": seg, "K": K, "BT": BT,
-              "BK": BK, "PRECISION": precision}
-    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": True, "SEGMENTED": NS > 1,
-                   "TRANSITION": False}
+    q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
+    common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H, "HQ": HQ,
+              "SEG": seg, "K": K, "BT": BT, "BK": BK, "PRECISION": precision}
+    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": h is not None, "SEGMENTED": NS > 1,
+                   "TRANSITION": False, "FUSE_O": fused_o is not None}
     if NS > 1:
         f32, dev = torch.float32, k.device
         ends, trans = nan_buffer((BH * NS, K, V), f32, dev), nan_buffer((BH * NS, K, K), f32, dev)
@@ -97,20 +99,24 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls):
                           lambda m, width=width: (triton.cdiv(width, m["BV"]), BH, NS),
                           _sequential_configs(cls), cls,
                           {**common, "h": None, "d": None, "h0": None, "V": width, "USE_H0": False,
-                           "STORE_HT": True, "STORE_HD": False, "SEGMENTED": True, **extra})
+                           "STORE_HT": True, "STORE_HD": False, "SEGMENTED": True, "FUSE_O": False,
+                           **extra})
         tuning.launch("delta_rule.fwd_segment_states", _segment_states_kernel,
                       lambda m: (triton.cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
                       {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,
                        "V": V, "BK": BK, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
                        "PRECISION": "tf32x3"})  # float32-level: the states' sums over segments
         h0, ht = starts, None
-    tuning.launch("delta_rule.fwd", _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), BH, NS),
-                  _sequential_configs(cls), cls,
+    name, configs = (("delta_rule.fwd_output", launch_choices._fused_output_configs(cls))
+                     if fused_o is not None else ("delta_rule.fwd", _sequential_configs(cls)))
+    tuning.launch(name, _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), BH, NS), configs, cls,
                   {**common, **pass_kwargs, "h0": h0, "ht": ht, "USE_H0": h0 is not None,
                    "STORE_HT": ht is not None})
 
 
-def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
+def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True):
+    """The forward; `backward` False: nothing is kept for a backward (no L^-1; where
+    `launch_choices._fuses_output`, the outputs come out of the state pass: no per-chunk states)."""
     B, T, HQ, K = q.shape
     # H states (beta's heads), HQ heads of q, k, v: state head j reads q, k, v head j mod HQ
     H, V = beta.shape[2], v.shape[-1]
@@ -124,15 +130,21 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state):
     mid = intermediate_dtype(precision)
     w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     gcum = nan_buffer((B, T, H), f32, dev)
-    linv = nan_buffer((B * H, NT, BT, BT), mid, dev)
+    linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
     tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
                   {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
-                   "SQUARING": INVERSE_BY_SQUARING})
-    h = nan_buffer((B * H, NT, K, V), mid, dev)
-    d = nan_buffer((B, T, H, V), mid, dev)
+                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward})
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
+    if launch_choices._fuses_output(cls, backward):
+        h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
+                if backward else (None, None))
+        _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
+                    fused_o=(q, o, scale))
+        return o, ht, (w, d, gcum, linv, h)
+    h = nan_buffer((B * H, NT, K, V), mid, dev)
+    d = nan_buffer((B, T, H, V), mid, dev)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
@@ -263,6 +275,12 @@ def triton_chunk_delta_rule(
     scale = K ** -0.5 if scale is None else float(scale)
     g_in = torch.zeros_like(beta, dtype=torch.float32) if g is None else g.contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
+    if not (torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state))):
+        # no backward will run: a forward that keeps nothing for one (`_delta_rule_fwd`)
+        o, ht, _ = _delta_rule_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
+                                   g_in, scale, h0, output_final_state, backward=False)
+        return o, ht
     o, ht = ChunkDeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),
                                          beta.contiguous(), g_in, scale, h0, output_final_state)
     return o, ht

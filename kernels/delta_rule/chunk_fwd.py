@@ -25,7 +25,8 @@ def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
 @triton.jit
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr):
+                     PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
+                     STORE_LINV: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -119,8 +120,16 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     tl.store(pG + rows1 * H, G1, mask=m1)
     tl.store(pG + rows2 * H, G2, mask=m2)
     tl.store(pG + rows3 * H, G3, mask=m3)
-    # the full (BT, BT) L^-1 for the backward, upper blocks zero
-    p_l = linv + (i_bh * NT + i_t) * BT * BT + idx[:, None] * BT + idx[None, :]
+    if STORE_LINV:
+        _store_linv(linv, i_bh * NT + i_t, x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, BT, BC)
+
+
+@triton.jit
+def _store_linv(linv, i_mat, x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, BT: tl.constexpr,
+                BC: tl.constexpr):
+    # the full (BT, BT) L^-1 for the backward (not stored by a forward without one), upper blocks zero
+    idx = tl.arange(0, BC)
+    p_l = linv + i_mat * BT * BT + idx[:, None] * BT + idx[None, :]
     zero = tl.zeros([BC, BC], dtype=tl.float32)
     l_dtype = linv.dtype.element_ty
     tl.store(p_l, rounded(x00, l_dtype))
@@ -142,17 +151,20 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
-                STORE_HT: tl.constexpr, STORE_HD: tl.constexpr, SEGMENTED: tl.constexpr,
-                TRANSITION: tl.constexpr, PRECISION: tl.constexpr):
+def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
+                SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
+                PRECISION: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
     # computed afterwards, all chunks in parallel, by `_output_kernel`. SEGMENTED: program
     # (i_v, i_bh, i_s) walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1, from h0[i_bh NS +
     # i_s] (or zeros) to its end state in ht[i_bh NS + i_s]; otherwise (the default, compiled as
     # before segments existed) program (i_v, i_bh) walks the whole sequence from h0[i_bh].
     # TRANSITION: U taken as 0 and the state started from the identity (V = K), so that the end
-    # state is the segment's transition matrix (launch_choices.py, "Segments")
+    # state is the segment's transition matrix (launch_choices.py, "Segments").
+    # FUSE_O: the outputs too, chunk by chunk as the state passes (`_output_kernel`'s maths), so a
+    # forward without a backward neither writes nor reads the per-chunk states and D (STORE_HD off)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
@@ -199,11 +211,34 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, T, H, HQ, SEG, K: tl.constexpr, V: 
         b_d = b_u - dot(b_w, b_s, PRECISION)
         if STORE_HD:
             store_tile(p_d, b_d)
+        if FUSE_O:
+            _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H, HQ, K, V,
+                          i_t * BT, i_v * BV, BT, BK, BV, PRECISION)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * k_decay[:, None], PRECISION)
     if STORE_HT:
         p_ht = state_tile(ht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         store_tile(p_ht, b_s)
+
+
+@triton.jit
+def _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H, HQ, K: tl.constexpr,
+                  V: tl.constexpr, row0, col0, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    # one chunk's O[:, col0:col0 + BV] = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
+    # from the state entering it and its D, with the (BK, BT) K^T the state pass already holds
+    # Q stays in its dtype and the scales go on the (BT, BT) and (BT, BV) products: a float32
+    # (BT, BK) Q had the 4-warp state pass spill ~1.3 KB per thread (ptxas, sm_90, bf16, K = 128).
+    # `scale` arrives as float64 under torch.compile: it meets only (BT,) vectors, made float32
+    idx = tl.arange(0, BT)
+    causal = (idx[:, None] >= idx[None, :]) & valid[:, None]
+    row_scale = (tl.full([BT], 1., tl.float32) * scale).to(tl.float32)
+    state_scale = (tl.exp(b_G) * scale).to(tl.float32)
+    b_q = load_tile(seq_tile(q, i_b, i_hq, T, HQ, K, row0, 0, BT, BK))
+    qk = dot(b_q, b_kt, PRECISION) * tl.where(causal, tl.exp(b_G[:, None] - b_G[None, :]), 0.)
+    b_o = dot(qk, b_d, PRECISION) * row_scale[:, None]
+    b_o += dot(b_q, b_s, PRECISION) * state_scale[:, None]
+    store_tile(seq_tile(o, i_b, i_h, T, H, V, row0, col0, BT, BV), b_o)
 
 
 @triton.jit

@@ -188,3 +188,44 @@ def _segment_chunks(shape_class: tuple, NT: int) -> int:
         return NT
     segments = min(triton.cdiv(SEGMENT_FILL * sms, programs), NT // MIN_SEGMENT_CHUNKS)
     return triton.cdiv(NT, segments)
+
+
+# Outputs out of the state pass (`_fwd_kernel` with FUSE_O), per kind of forward: "inference" (no
+# backward to follow: the per-chunk states and D are then neither written nor read again) and
+# "training" (they are still stored for the backward; only `_output_kernel`'s second read of them,
+# of Q and of K goes). The state pass then also does Q K^T and two products per chunk and value
+# block on its programs, so it pays only where they are many. Measured on an H200 (Triton 3.6,
+# bf16, gpu/sweep_launch.py --wide --only delta_rule.fwd_output and gpu/host_overhead.py
+# --fused-output, do_bench ms, each shape's best launch): the forward without a backward 0.215
+# against 0.254 at 8,2048,8,128, 0.202 against 0.244 at 8,2048,16,64, 0.405 against 0.488 at
+# 32,2048,4,128 (B H cdiv(V, 32) programs >= the SMs); slower where they are few: 0.407 against
+# 0.341 at 2,8192,8,128, 1.60 against 1.31 at 2,32768,8,128, 1.36 against 0.68 at 1,32768,4,128.
+# In training it was slower (forward+backward, CUDA-graph GPU time 0.815 against 0.786 ms at
+# 8,2048,8,128, 1.13 against 1.00 at 2,8192,8,128): off.
+FUSED_OUTPUT = {"inference": True, "training": False}
+
+
+def _fuses_output(shape_class: tuple, backward: bool) -> bool:
+    """Whether this forward takes its outputs out of the state pass: where `FUSED_OUTPUT` allows
+    it for the kind of forward, with bf16 tiles (the measured case) and programs of 32-wide value
+    blocks at least as many as the SMs."""
+    precision, sms = shape_class[2], shape_class[-1]
+    return (FUSED_OUTPUT["training" if backward else "inference"] and precision == "bf16"
+            and _programs_32(shape_class) >= sms)
+
+
+def _fused_output_configs(shape_class: tuple) -> list:
+    """`_fwd_kernel` with the outputs fused (bf16 tiles): 4 warps (8 were 1.2-2x slower: 4 spill
+    0.3 KB per thread at K = 128, but 8 split the (BT, BT) Q K^T work worse). K = 128: 32-wide value
+    blocks, 2 stages (0.215 against 0.233-0.264 ms for the next launches at 8,2048,8,128; 0.405
+    against 0.449 at 32,2048,4,128; 0.119 against 0.123 at 16,512,8,128); K <= 64: 64-wide blocks,
+    3 stages, Q K^T once per 64 columns (1.255 against 1.503 for 32-wide at 8,8192,32,64; 0.203
+    against 0.202 at 8,2048,16,64). Other tiles: the state pass's own list."""
+    K, V, precision, _, _, _ = shape_class
+    if precision != "bf16":
+        return _sequential_configs(shape_class)
+    if K > 64:
+        return [tuning.config(4, 2, BV=32), tuning.config(4, 3, BV=64), tuning.config(4, 3, BV=32)]
+    if V > 32:
+        return [tuning.config(4, 3, BV=64), tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=64)]
+    return [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]

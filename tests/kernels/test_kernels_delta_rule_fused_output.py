@@ -1,0 +1,112 @@
+"""The delta rule's forward with the outputs fused into the state pass (`launch_choices._fuses_output`
+chooses it; forced on here at every shape): without a backward (no L^-1, no per-chunk states) and
+in training, against the float64 token loop; the launches it makes."""
+import pytest
+import torch
+
+from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule.chunk import CHUNK
+from ltm.ops.delta_rule.naive import naive_delta_rule
+from reference import ON_GPU, TOLERANCE, case_id, case_seed, rel_err
+from test_kernels_delta_rule import _repeated_heads, check_against_token_loop, make_inputs, spy_on_launches
+
+# (B, T, H, K, V, decay, initial state): one token, a tail chunk, K != V both ways, several chunks
+# with a masked last one
+CASES = [
+    (1, 1, 1, 32, 32, "weak", True),
+    (2, 37, 3, 32, 48, "none", False),
+    (1, 2 * CHUNK + 3, 2, 48, 32, "strong", True),
+    (2, 3 * CHUNK, 1, 64, 64, "weak", False),
+]
+if ON_GPU:
+    CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
+              (1, 70, 2, 128, 16, "none", True), (3, 200, 2, 128, 64, "strong", False)]
+IDS = [f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES]
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The fused state pass forced on: `fused(training=...)`."""
+    def force(training: bool = False):
+        monkeypatch.setattr(launch_choices, "_fuses_output", lambda cls, backward: training or not backward)
+    return force
+
+
+def forward_without_grad(xs):
+    q, k, v, beta, g, h0 = (None if x is None else x.detach() for x in xs)
+    with torch.no_grad():
+        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES, ids=IDS)
+def test_forward_without_backward_matches_the_token_loop(monkeypatch, fused, B, T, H, K, V, decay,
+                                                         with_h0, dtype):
+    fused()
+    seed = case_seed()
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    launched = spy_on_launches(monkeypatch)
+    o, ht = forward_without_grad(xs)
+    # the state pass wrote the outputs: no output kernel ran
+    assert launched == ["delta_rule.prep", "delta_rule.fwd_output"]
+    ref = [None if x is None else x.detach().double() for x in xs]
+    o_ref, ht_ref = naive_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=True)
+    tol_out = TOLERANCE[dtype][0]
+    assert rel_err(o, o_ref) < tol_out, f"o: {rel_err(o, o_ref):.2e} (seed {seed})"
+    assert rel_err(ht, ht_ref) < tol_out, f"final state: {rel_err(ht, ht_ref):.2e} (seed {seed})"
+
+
+def test_forward_without_backward_on_grouped_heads(fused):
+    fused()
+    # the hierarchical DeltaNet's two states per head of q, k, v read the same q: bf16, T over a tail
+    B, T, HQ, D, groups = 2, 2 * CHUNK + 5, 3, 32, 2
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(B, T, HQ * groups, D, D, "strong", True, torch.bfloat16, seed)
+    xs = [x.detach()[:, :, :HQ] for x in (q, k, v)] + [beta, g, h0]
+    o, ht = forward_without_grad(xs)
+    ref = [x.detach().double() for x in xs]
+    o_ref, ht_ref = _repeated_heads(groups)(*ref[:5], initial_state=ref[5], output_final_state=True)
+    assert rel_err(o, o_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
+    assert rel_err(ht, ht_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
+
+
+def test_forward_with_a_backward_keeps_the_output_kernel(monkeypatch, fused):
+    fused()
+    xs = make_inputs(1, CHUNK + 9, 2, 32, 32, "weak", True, torch.float32, case_seed())
+    launched = spy_on_launches(monkeypatch)
+    triton_chunk_delta_rule(*xs[:5], initial_state=xs[5])
+    assert "delta_rule.output" in launched and "delta_rule.fwd_output" not in launched
+
+
+def test_fused_forward_differs_from_the_two_pass_one_by_rounding_only(fused):
+    fused()
+    # float32 tiles: the same products in another order, so far below the token loop's bound
+    xs = make_inputs(2, 2 * CHUNK + 11, 2, 48, 40, "strong", True, torch.float32, case_seed())
+    o_fused, ht_fused = forward_without_grad(xs)
+    o, ht = triton_chunk_delta_rule(*xs[:5], initial_state=xs[5], output_final_state=True)
+    assert rel_err(o_fused, o.detach()) < 1e-5 and rel_err(ht_fused, ht.detach()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES[1:3], ids=IDS[1:3])
+def test_fused_output_in_training_matches_the_token_loop(monkeypatch, fused, B, T, H, K, V, decay,
+                                                         with_h0, dtype):
+    # the per-chunk states and D stored for the backward as well, every gradient checked
+    fused(training=True)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
+    assert "delta_rule.fwd_output" in launched and "delta_rule.output" not in launched
+
+
+def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
+    # without forcing: a forward without a backward at many programs (bf16) takes the fused pass,
+    # one at few programs or with a backward does not (launch_choices' rule, on a CPU's assumed
+    # SM count under the interpreter)
+    cls = launch_choices._shape_class
+    many, few = cls(8, 2048, 8, 128, 128, "bf16", None), cls(2, 8192, 8, 128, 128, "bf16", None)
+    assert launch_choices._fuses_output(many, backward=False)
+    assert not launch_choices._fuses_output(many, backward=True)
+    assert not launch_choices._fuses_output(few, backward=False)
+    assert not launch_choices._fuses_output(cls(8, 2048, 8, 128, 128, "ieee", None), backward=False)
+    monkeypatch.setitem(launch_choices.FUSED_OUTPUT, "inference", False)
+    assert not launch_choices._fuses_output(many, backward=False)
