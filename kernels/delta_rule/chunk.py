@@ -12,7 +12,10 @@ Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the stat
     O    = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
     S_BT = exp(G_last) S0 + (exp(G_last - G) K)^T D
 Forward kernels (chunk_fwd.py): `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U), `_fwd_kernel`
-(sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). Backward kernels
+(sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). A forward that no
+backward follows (no input needs a gradient, or no_grad) keeps nothing for one: no L^-1, and where
+`launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O itself, chunk by chunk,
+so the per-chunk states and D are never stored. Backward kernels
 (chunk_bwd.py): `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state
 gradients, dq, the in-chunk score gradient dS), `_bwd_state_kernel` (sequential, backwards: the
 rest of dD and of the state gradients), `_bwd_chunk_kernel` (chunk-parallel: dk, dv, dbeta, dg).
