@@ -27,14 +27,16 @@ def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, di
 
 def latest_grid(folder: str | Path) -> list[dict]:
     """The kernel-grid records in `folder` (`gpu/kernel_grid.py`, one file per part and run) as one
-    table, op by op from the last file by name that measured the op (a later run replaces an
-    earlier one, a cut part does not hide the part it did not reach): the rows of
+    table, op by op from the newest record that measured the op, by its "date" and then by file
+    name (a later run replaces an earlier one whatever device its name gives, a cut part does not
+    hide the part it did not reach): the rows of
     `ltm.bench.kernels.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
     the floor, x_fla = fla ms / ours ms) with the device, commit and file of the measurement."""
     from ltm.bench.kernels import grid_table
 
     latest: dict[str, tuple[Path, dict]] = {}
-    for path, record in read_records(folder, "rows", "kernel benchmark"):
+    records = read_records(folder, "rows", "kernel benchmark")
+    for path, record in sorted(records, key=lambda pr: (str(pr[1].get("date", "")), pr[0].name)):
         if "grid" in record:
             latest |= {row["op"]: (path, record) for row in record["rows"]}
     rows = []

@@ -56,6 +56,19 @@ def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_pat
     assert summary.loc["delta_rule", "worst_ours_x_floor"] == pytest.approx(20.0)
 
 
+def test_latest_grid_orders_records_by_date_before_name(tmp_path):
+    from ltm.records import latest_grid
+    a = (1, 512, 2, 64)
+    # an H200 record of one day sorts after the next day's H100 record by name, not by date
+    later, earlier = _grid_record({("delta_rule", a): (1.0, 2.0)}, "later00"), _grid_record(
+        {("delta_rule", a): (1.0, 3.0)}, "earlier")
+    later["date"], earlier["date"] = "2026-11-26", "2026-11-25"
+    (tmp_path / "kernel-grid-h100-2026-11-26.json").write_text(json.dumps(later))
+    (tmp_path / "kernel-grid-h200-2026-11-25.json").write_text(json.dumps(earlier))
+    (row,) = latest_grid(tmp_path)
+    assert row["commit"] == "later00" and row["x_fla"] == 2.0
+
+
 def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
     from ltm.bench.kernels import grid_summary
     from ltm.records import latest_grid
