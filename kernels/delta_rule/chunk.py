@@ -140,15 +140,14 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                    "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward})
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    if launch_choices._fuses_output(cls, backward):
-        h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
-                if backward else (None, None))
-        _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
-                    fused_o=(q, o, scale))
+    fused = launch_choices._fuses_output(cls, backward)
+    # the per-chunk states and D: for the output kernel or the backward
+    h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
+            if backward or not fused else (None, None))
+    _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
+                fused_o=(q, o, scale) if fused else None)
+    if fused:
         return o, ht, (w, d, gcum, linv, h)
-    h = nan_buffer((B * H, NT, K, V), mid, dev)
-    d = nan_buffer((B, T, H, V), mid, dev)
-    _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
                   {**_args("_output_kernel", q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),

@@ -110,3 +110,18 @@ def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
     assert not launch_choices._fuses_output(cls(8, 2048, 8, 128, 128, "ieee", None), backward=False)
     monkeypatch.setitem(launch_choices.FUSED_OUTPUT, "inference", False)
     assert not launch_choices._fuses_output(many, backward=False)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="torch.compile traces the Triton launches on a GPU only")
+@pytest.mark.parametrize("B,T,H", [(8, 300, 16), (1, 300, 2)], ids=["many-programs", "few-programs"])
+def test_forward_without_backward_under_torch_compile(B, T, H):
+    # the model's evaluation path: compiled, no_grad; the fused pass at many programs (the
+    # launcher's own rule), the two-pass one at few; against the eager op, bf16
+    xs = [x.detach() for x in make_inputs(B, T, H, 128, 128, "weak", True, torch.bfloat16, case_seed())]
+
+    def op(q, k, v, beta, g, h0):
+        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+    with torch.no_grad():
+        o_eager, ht_eager = op(*xs)
+        o, ht = torch.compile(op, fullgraph=True)(*xs)
+    assert rel_err(o, o_eager) < 1e-3 and rel_err(ht, ht_eager) < 1e-4
