@@ -98,20 +98,6 @@ def test_fused_output_in_training_matches_the_token_loop(monkeypatch, fused, B, 
     assert "delta_rule.fwd_output" in launched and "delta_rule.output" not in launched
 
 
-def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
-    # without forcing: a forward without a backward at many programs (bf16) takes the fused pass,
-    # one at few programs or with a backward does not (launch_choices' rule, on a CPU's assumed
-    # SM count under the interpreter)
-    cls = launch_choices._shape_class
-    many, few = cls(8, 2048, 8, 128, 128, "bf16", None), cls(2, 8192, 8, 128, 128, "bf16", None)
-    assert launch_choices._fuses_output(many, backward=False)
-    assert not launch_choices._fuses_output(many, backward=True)
-    assert not launch_choices._fuses_output(few, backward=False)
-    assert not launch_choices._fuses_output(cls(8, 2048, 8, 128, 128, "ieee", None), backward=False)
-    monkeypatch.setitem(launch_choices.FUSED_OUTPUT, "inference", False)
-    assert not launch_choices._fuses_output(many, backward=False)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="torch.compile traces the Triton launches on a GPU only")
 @pytest.mark.parametrize("B,T,H", [(8, 300, 16), (1, 300, 2)], ids=["many-programs", "few-programs"])
 def test_forward_without_backward_under_torch_compile(B, T, H):

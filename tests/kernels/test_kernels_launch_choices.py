@@ -40,3 +40,18 @@ def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
     # segments bring the programs to at most about twice the SMs
     assert 16 * triton.cdiv(128, seg) <= 2 * choices.DEFAULT_SM_COUNT + 16
     assert choices._segment_chunks(few, 2 * choices.MIN_SEGMENT_CHUNKS - 1) == 2 * choices.MIN_SEGMENT_CHUNKS - 1
+
+
+def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
+    # without forcing: a forward without a backward at many programs (bf16) takes the fused pass,
+    # one at few programs or with a backward does not (launch_choices' rule, on a CPU's assumed
+    # SM count under the interpreter)
+    cls = choices._shape_class
+    many, few = cls(8, 2048, 8, 128, 128, "bf16", None), cls(2, 8192, 8, 128, 128, "bf16", None)
+    assert choices._fuses_output(many, backward=False)
+    assert not choices._fuses_output(many, backward=True)
+    assert not choices._fuses_output(few, backward=False)
+    assert not choices._fuses_output(cls(8, 2048, 8, 128, 128, "ieee", None), backward=False)
+    monkeypatch.setitem(choices.FUSED_OUTPUT, "inference", False)
+    assert not choices._fuses_output(many, backward=False)
+
