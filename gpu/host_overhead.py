@@ -4,6 +4,7 @@
                                  [--segments 0 8 16]   # ours: the delta rule's forward by segments of >= N chunks (0: off)
                                  [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
                                  [--fused-output none inference both]  # which forwards fuse the outputs
+                                 [--overlapped-output none inference both]  # ... overlap them with the state pass
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -97,6 +98,21 @@ def fused_output(which: str):
 
 
 @contextlib.contextmanager
+def overlapped_output(which: str):
+    """Which forwards run the state pass and the outputs in one launch, for one run: "default" as
+    launch_choices._overlaps_output chooses; "none", "inference" or "both" forced at every shape."""
+    from ltm.kernels.delta_rule import launch_choices as lc
+    saved = lc._overlaps_output
+    if which != "default":
+        lc._overlaps_output = lambda cls, NT, backward=True: NT > 1 and (
+            which == "both" or (which == "inference" and not backward))
+    try:
+        yield
+    finally:
+        lc._overlaps_output = saved
+
+
+@contextlib.contextmanager
 def segmented(min_chunks: int, fill: int):
     """The delta rule's forward state pass by segments of at least `min_chunks` chunks (0: off),
     as many as bring the programs to about `fill` times the SM count."""
@@ -122,6 +138,10 @@ def main() -> None:
                         choices=["default", "none", "inference", "both"],
                         help="ours: which forwards take the outputs out of the state pass, forced "
                              "(default: launch_choices._fuses_output's rule), one run each")
+    parser.add_argument("--overlapped-output", nargs="+", default=["default"],
+                        choices=["default", "none", "inference", "both"],
+                        help="ours: which forwards run the state pass and the outputs in one launch, "
+                             "forced (default: launch_choices._overlaps_output's rule), one run each")
     parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
                         help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
     args = parser.parse_args()
@@ -135,19 +155,19 @@ def main() -> None:
             for name, fn in implementations(op, device).items():
                 if name not in args.impls.split(","):
                     continue
-                runs = [(0, 2, "default")] if name != "triton" else [
-                    (n, f, fo) for n in args.segments for f in (args.segment_fill if n else [2])
-                    for fo in args.fused_output]
-                for (segments, fill, fused), backward in itertools.product(runs, (False, True)):
+                runs = [(0, 2, "default", "default")] if name != "triton" else [
+                    (n, f, fo, ov) for n in args.segments for f in (args.segment_fill if n else [2])
+                    for fo in args.fused_output for ov in args.overlapped_output]
+                for (segments, fill, fused, overlap), backward in itertools.product(runs, (False, True)):
                     floor = floor_ms(op, *shape, 2, backward, ceilings)
-                    with segmented(segments, fill), fused_output(fused):
+                    with segmented(segments, fill), fused_output(fused), overlapped_output(overlap):
                         timings = measure(pass_fn(fn, x, backward))
                     row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
-                           "segment_fill": fill, "fused_output": fused, "pass": "fb" if backward else "fwd",
-                           "floor_ms": floor, **timings}
+                           "segment_fill": fill, "fused_output": fused, "overlapped_output": overlap,
+                           "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
                     row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
                     rows.append(row)
-                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} fo {fused:9s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} fo {fused:9s} ov {overlap:9s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
                           f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
                           f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
                           f"x{row['graph_floor']:.1f})", flush=True)

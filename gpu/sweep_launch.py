@@ -62,7 +62,11 @@ KERNELS = {
                    # under no_grad) and, forced on, the training forward ("fwd+fused")
                    ("delta_rule.fwd_output", delta_rule_chunk.launch_choices._fused_output_configs, "inf"),
                    ("delta_rule.fwd_output", delta_rule_chunk.launch_choices._fused_output_configs,
-                    "fwd+fused")],
+                    "fwd+fused"),
+                   # the state pass and the outputs in one launch, at the shapes where
+                   # `_overlaps_output` takes it: the training forward and the one without a backward
+                   ("delta_rule.fwd_overlapped", delta_rule_chunk.launch_choices._overlapped_configs, "fwd"),
+                   ("delta_rule.fwd_overlapped", delta_rule_chunk.launch_choices._overlapped_configs, "inf")],
     "rwkv7": [("rwkv7.prep", rwkv7_chunk._prep_configs, "fwd"),
               ("rwkv7.fwd_state", rwkv7_chunk._sequential_configs, "fwd"),
               ("rwkv7.output", rwkv7_chunk._output_configs, "fwd"),
@@ -101,7 +105,15 @@ def wide_fused(cls) -> list:
             for bv, warps, stages in itertools.product((16, 32, 64), (4, 8), (2, 3))]
 
 
-WIDE = {"delta_rule.fwd_output": wide_fused,
+def wide_overlapped(cls) -> list:
+    """`--wide` for the state pass and the outputs in one launch: the state pass's value blocks 16
+    or 32 with 3 or 4 stages, its release every 1, 4 or 16 chunks; the outputs' 128-wide value
+    blocks (4 warps: one launch, one warp count)."""
+    return [tuning.config(4, stages, BV=bv, BVO=128, LANES=128, EVERY=every)
+            for bv, stages, every in itertools.product((16, 32), (3, 4), (1, 4, 16))]
+
+
+WIDE = {"delta_rule.fwd_output": wide_fused, "delta_rule.fwd_overlapped": wide_overlapped,
         "delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
         "delta_rule.bwd_chunk": wide_loop, "delta_rule.bwd_local": wide_loop,
         "delta_rule.output": wide_loop}

@@ -34,8 +34,8 @@ from ltm.kernels import tuning
 from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
                                 dot_precision, intermediate_dtype, nan_buffer)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
-from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _output_kernel, _prep_fwd_kernel,
-                                              _segment_states_kernel)
+from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
+                                              _prep_fwd_kernel, _segment_states_kernel)
 # the launch choices, imported by name: `chunk.CHUNK`, `chunk._bwd_chunk_configs`, ... read as
 # before (patch `launch_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
 from ltm.kernels.delta_rule import launch_choices
@@ -117,6 +117,24 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
                    "STORE_HT": ht is not None})
 
 
+def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls):
+    """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
+    programs take each chunk as soon as its states and D are stored, on the SMs the state pass
+    leaves idle. `ready` holds the start tickets and the per-chunk counts, zeroed here."""
+    T, H, HQ, K, V = dims
+    BT, BH = CHUNK, k.shape[0] * H
+    NT = triton.cdiv(T, BT)
+    ready = torch.zeros(1 + BH * NT, dtype=torch.int32, device=k.device)  # (at most NT groups)
+    tuning.launch("delta_rule.fwd_overlapped", _fwd_overlapped_kernel,
+                  lambda m: (triton.cdiv(V, m["BV"]) * BH + triton.cdiv(V, m["BVO"]) * NT * BH,),
+                  launch_choices._overlapped_configs(cls), cls,
+                  {"k": k, "w": w, "u": u, "gcum": gcum, "h": h, "d": d, "h0": h0, "ht": ht, "q": q,
+                   "o": o, "scale": scale, "ready": ready, "T": T, "H": H, "HQ": HQ, "BH": BH, "K": K,
+                   "V": V, "BT": BT, "BK": block_size(K), "USE_H0": h0 is not None,
+                   "STORE_HT": ht is not None, "PRECISION": precision},
+                  restore=("ready",))
+
+
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True):
     """The forward; `backward` False: nothing is kept for a backward (no L^-1; where
     `launch_choices._fuses_output`, the outputs come out of the state pass: no per-chunk states)."""
@@ -144,6 +162,10 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     # the per-chunk states and D: for the output kernel or the backward
     h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
             if backward or not fused else (None, None))
+    if not fused and launch_choices._overlaps_output(cls, NT, backward):
+        _fwd_overlapped(k, w, u, gcum, h, d, initial_state, ht, q, o, scale, (T, H, HQ, K, V),
+                        precision, cls)
+        return o, ht, (w, d, gcum, linv, h)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
                 fused_o=(q, o, scale) if fused else None)
     if fused:

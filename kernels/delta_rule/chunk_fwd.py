@@ -29,9 +29,18 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      STORE_LINV: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
+    _prep_chunk(k, v, beta, g, w, u, gcum, linv, tl.program_id(0), tl.program_id(1), T, H, HQ, K, V,
+                BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
+
+
+@triton.jit
+def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
+                STORE_LINV: tl.constexpr):
+    # `_prep_fwd_kernel`'s work for chunk i_t of state i_bh
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
     BC: tl.constexpr = 16
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
@@ -165,7 +174,20 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
     # state is the segment's transition matrix (launch_choices.py, "Segments").
     # FUSE_O: the outputs too, chunk by chunk as the state passes (`_output_kernel`'s maths), so a
     # forward without a backward neither writes nor reads the per-chunk states and D (STORE_HD off)
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, None, tl.program_id(0), tl.program_id(1),
+                T, H, HQ, SEG, K, V, BT, BK, BV, USE_H0, STORE_HT, STORE_HD, SEGMENTED, TRANSITION,
+                FUSE_O, 0, 1, PRECISION)
+
+
+@triton.jit
+def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H, HQ, SEG,
+                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
+                SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
+                SIGNAL: tl.constexpr, EVERY: tl.constexpr, PRECISION: tl.constexpr):
+    # `_fwd_kernel`'s work for value block i_v of state i_bh. SIGNAL > 0 (the program's threads):
+    # once the states and D of a group of EVERY chunks are stored, add SIGNAL to
+    # ready[1 + i_bh cdiv(NT, EVERY) + i_t // EVERY] (`_fwd_overlapped_kernel`)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
@@ -211,6 +233,14 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
         b_d = b_u - dot(b_w, b_s, PRECISION)
         if STORE_HD:
             store_tile(p_d, b_d)
+        if SIGNAL > 0:
+            # each of the SIGNAL lanes (one per thread) releases its own stores of the group, so
+            # the count reaches SIGNAL per value block; one release by one thread after a barrier
+            # would need the barrier, which stops Triton pipelining this loop's loads
+            if (i_t % EVERY == EVERY - 1) | (i_t == t_end - 1):
+                lanes = tl.arange(0, SIGNAL)
+                tl.atomic_add(ready + 1 + i_bh * tl.cdiv(NT, EVERY) + i_t // EVERY + lanes * 0, 1,
+                              sem="release")
         if FUSE_O:
             _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H, HQ, K, V,
                           i_t * BT, i_v * BV, BT, BK, BV, PRECISION)
@@ -264,7 +294,15 @@ def _segment_states_kernel(p, e, h0, hs, ht, NS, K: tl.constexpr, V: tl.constexp
 def _output_kernel(q, k, gcum, h, d, o, scale, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     # O = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D], every chunk in parallel
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _output_tile(q, k, gcum, h, d, o, scale, tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                 T, H, HQ, K, V, BT, BK, BV, PRECISION)
+
+
+@triton.jit
+def _output_tile(q, k, gcum, h, d, o, scale, i_v, i_t, i_bh, T, H, HQ, K: tl.constexpr,
+                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # value block i_v of chunk i_t of state i_bh
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
@@ -288,3 +326,39 @@ def _output_kernel(q, k, gcum, h, d, o, scale, T, H, HQ, K: tl.constexpr, V: tl.
     b_o = dot(b_q * tl.exp(b_G)[:, None], b_s, PRECISION)
     b_o += dot(qk, b_d, PRECISION)
     store_tile(p_o, b_o)
+
+
+@triton.jit
+def _fwd_overlapped_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, T, H, HQ, BH,
+                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                           BV: tl.constexpr, BVO: tl.constexpr, LANES: tl.constexpr, EVERY: tl.constexpr,
+                           USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+    # the state pass and the outputs in one launch, for shapes whose state pass leaves SMs idle:
+    # the first cdiv(V, BV) BH programs to start walk the chunks (`_fwd_kernel`, SIGNAL on); the
+    # rest each wait for one chunk's states and D (all cdiv(V, BV) value blocks) and write its
+    # outputs (`_output_tile`), chunks in order, while the state pass goes on. Roles go by a ticket
+    # taken at start (ready[0], zeroed by the launcher), not by program id: a program that waits
+    # has a later ticket than every state program, which has started and waits on nothing, so no
+    # wait can stall the pass. LANES: 32 num_warps, so that every thread releases its own stores.
+    # (Triton hands a scalar atomic's result to the warps through shared memory: the barriers after
+    # each read keep a fast warp from reusing that memory before a slow one has read it, so every
+    # warp sees one ticket and leaves the wait together; without them roles mixed within a program
+    # on an H200 and the outputs came out wrong)
+    ticket = tl.atomic_add(ready, 1)
+    tl.debug_barrier()
+    NV, NT = tl.cdiv(V, BV), tl.cdiv(T, BT)
+    if ticket < NV * BH:
+        _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, ticket % NV, ticket // NV,
+                    T, H, HQ, NT, K, V, BT, BK, BV, USE_H0, STORE_HT, True, False, False, False,
+                    LANES, EVERY, PRECISION)
+    else:
+        NVO = tl.cdiv(V, BVO)
+        job = ticket - NV * BH
+        i_t, i_bh, i_v = job // (BH * NVO), (job // NVO) % BH, job % NVO
+        flag = ready + 1 + i_bh * tl.cdiv(NT, EVERY) + i_t // EVERY
+        while tl.atomic_add(flag, 0, sem="acquire") < NV * LANES:
+            tl.debug_barrier()
+        tl.debug_barrier()
+        _output_tile(q, k, gcum, h, d, o, scale, i_v, i_t, i_bh, T, H, HQ, K, V, BT, BK, BVO,
+                     PRECISION)
+

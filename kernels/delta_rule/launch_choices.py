@@ -229,3 +229,53 @@ def _fused_output_configs(shape_class: tuple) -> list:
     if V > 32:
         return [tuning.config(4, 3, BV=64), tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=64)]
     return [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
+
+
+# The state pass and the outputs in one launch (`_fwd_overlapped_kernel`), per kind of forward
+# (as `FUSED_OUTPUT`): where the state pass's programs leave SMs idle, the output programs run on
+# them while it goes on, each group of chunks once its states and D are stored, instead of after
+# the whole pass. Measured on an H200 (Triton 3.6, bf16, gpu/host_overhead.py --overlapped-output
+# none both, do_bench ms; outputs equal to the two-launch forward's bit for bit): at 64 programs of
+# 32 columns the forward took 0.291 against 0.338 at 2,8192,8,128 and 1.098 against 1.289 at
+# 2,32768,8,128, the forward+backward 1.022 against 1.081 and 3.675 against 3.894; below 64 it lost
+# or broke even (forward 0.371 against 0.321 at 1,16384,8,64, 0.701 against 0.684 at
+# 1,32768,4,128: there the state pass is all but the whole forward, and the waiting programs and
+# the releases cost it more than the outputs' time), and at 256 programs, where the state pass
+# fills the SMs, it lost too (forward+backward 0.839 against 0.777 at 8,2048,8,128).
+OVERLAPPED_OUTPUT = {"inference": True, "training": True}
+OVERLAP_MIN_PROGRAMS = 64
+
+
+def _overlaps_output(shape_class: tuple, NT: int, backward: bool = True) -> bool:
+    """Whether the forward's state pass and outputs run in one launch: where `OVERLAPPED_OUTPUT`
+    allows it, programs of 32-wide value blocks from OVERLAP_MIN_PROGRAMS up to below the SMs,
+    one segment, two chunks or more."""
+    programs = _programs_32(shape_class)
+    return (OVERLAPPED_OUTPUT["training" if backward else "inference"] and NT > 1
+            and OVERLAP_MIN_PROGRAMS <= programs < shape_class[-1]
+            and _segment_chunks(shape_class, NT) == NT)
+
+
+def _overlapped_configs(shape_class: tuple) -> list:
+    """`_fwd_overlapped_kernel`: the state pass's launches (BV, warps, stages) with the output
+    kernel's default value block (BVO), a release every EVERY chunks, and LANES = the threads (each
+    releases its own stores). EVERY: the release of every thread costs the state pass's step, so
+    one per 4 chunks. The forward without a backward, BV 32, 3 stages: 0.287 ms against 0.323
+    (every chunk) and 0.297 (every 16) at 2,8192,8,128; 1.095 against 1.235 and 1.113 at
+    2,32768,8,128 (H200, gpu/sweep_launch.py --wide; a sleep between the waiting programs' reads
+    changed nothing and was left out)."""
+    BVO = _parallel_configs(shape_class)[0].kwargs["BV"]
+    return [tuning.config(c.num_warps, c.num_stages, BV=c.kwargs["BV"], BVO=BVO, LANES=32 * c.num_warps,
+                          EVERY=every)
+            for every in (4, 16) for c in _sequential_configs(shape_class)]
+
+
+# With the state pass and the outputs in one launch, the prep in it too: the state pass waits for
+# each group of OVERLAP_PREP_CHUNKS chunks' W, U and G (0: the prep is its own launch before)
+OVERLAP_PREP_CHUNKS = 16
+
+
+def _overlapped_prep_chunks(shape_class: tuple, NT: int) -> int:
+    """Chunks per group the overlapped state pass waits for the prep in (0: the prep runs before,
+    in its own launch)."""
+    return OVERLAP_PREP_CHUNKS

@@ -13,8 +13,8 @@ PROBE = Path(__file__).with_name("shared_memory_probe.py")
 # the most shared memory one thread block may use on an H100 or H200 (227 KB)
 HOPPER_BLOCK_SHARED_BYTES = 232_448
 KERNELS = {
-    "delta_rule": {"_prep_fwd_kernel", "_fwd_kernel", "_output_kernel", "_bwd_local_kernel",
-                   "_bwd_state_kernel", "_bwd_chunk_kernel"},
+    "delta_rule": {"_prep_fwd_kernel", "_fwd_kernel", "_output_kernel", "_fwd_overlapped_kernel",
+                   "_bwd_local_kernel", "_bwd_state_kernel", "_bwd_chunk_kernel"},
     "rwkv7": {"_prep_fwd_kernel", "_fwd_state_kernel", "_output_kernel", "_bwd_state_kernel",
               "_bwd_grad_kernel"},
 }

@@ -1,0 +1,117 @@
+"""The delta rule's forward with the state pass and the outputs in one launch
+(`_fwd_overlapped_kernel`; `launch_choices._overlaps_output` chooses it, forced on here at every
+shape of two chunks or more): without and with a backward against the float64 token loop, its
+launch variants against the two-launch forward, the launches it makes. Under the interpreter the
+programs run one after another, so the waits never wait; on a GPU the same tests run them
+concurrently, and the large-shape test compares bit for bit with the two-launch forward."""
+import pytest
+import torch
+
+from ltm.kernels import tuning
+from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule.chunk import CHUNK
+from ltm.ops.delta_rule.naive import naive_delta_rule
+from reference import ON_GPU, TOLERANCE, case_id, case_seed, rel_err
+from test_kernels_delta_rule import _repeated_heads, check_against_token_loop, make_inputs, spy_on_launches
+
+# (B, T, H, K, V, decay, initial state): a tail chunk, K != V both ways, 6 chunks (a last group of
+# releases shorter than the others), chunks an exact multiple
+CASES = [
+    (1, 2 * CHUNK + 3, 2, 48, 32, "strong", True),
+    (2, 5 * CHUNK + 1, 1, 32, 48, "weak", False),
+    (2, 3 * CHUNK, 3, 64, 64, "none", True),
+]
+if ON_GPU:
+    CASES += [(2, 300, 4, 128, 128, "weak", True), (1, 1000, 2, 64, 128, "strong", True),
+              (1, 70, 2, 128, 16, "none", True), (3, 2000, 2, 128, 64, "strong", False)]
+IDS = [f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES]
+
+
+@pytest.fixture
+def overlapped(monkeypatch):
+    """The overlapped forward forced on (two chunks or more), for both kinds of forward."""
+    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: NT > 1)
+
+
+def forward_without_grad(xs):
+    q, k, v, beta, g, h0 = (None if x is None else x.detach() for x in xs)
+    with torch.no_grad():
+        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES, ids=IDS)
+def test_forward_without_backward_matches_the_token_loop(monkeypatch, overlapped, B, T, H, K, V,
+                                                         decay, with_h0, dtype):
+    seed = case_seed()
+    xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
+    launched = spy_on_launches(monkeypatch)
+    o, ht = forward_without_grad(xs)
+    assert launched == ["delta_rule.prep", "delta_rule.fwd_overlapped"]
+    ref = [None if x is None else x.detach().double() for x in xs]
+    o_ref, ht_ref = naive_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=True)
+    tol_out = TOLERANCE[dtype][0]
+    assert rel_err(o, o_ref) < tol_out, f"o: {rel_err(o, o_ref):.2e} (seed {seed})"
+    assert rel_err(ht, ht_ref) < tol_out, f"final state: {rel_err(ht, ht_ref):.2e} (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES[:2], ids=IDS[:2])
+def test_training_forward_matches_the_token_loop(monkeypatch, overlapped, B, T, H, K, V, decay,
+                                                 with_h0, dtype):
+    # the per-chunk states and D it stores feed the backward: every gradient checked
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
+    assert "delta_rule.fwd_overlapped" in launched
+    assert "delta_rule.fwd" not in launched and "delta_rule.output" not in launched
+
+
+def test_grouped_heads(overlapped):
+    # the hierarchical DeltaNet's two states per head of q, k, v: bf16, T over a tail
+    B, T, HQ, D, groups = 2, 3 * CHUNK + 5, 3, 32, 2
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(B, T, HQ * groups, D, D, "strong", True, torch.bfloat16, seed)
+    xs = [x.detach()[:, :, :HQ] for x in (q, k, v)] + [beta, g, h0]
+    o, ht = forward_without_grad(xs)
+    ref = [x.detach().double() for x in xs]
+    o_ref, ht_ref = _repeated_heads(groups)(*ref[:5], initial_state=ref[5], output_final_state=True)
+    assert rel_err(o, o_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
+    assert rel_err(ht, ht_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
+
+
+# launch variants: the state pass's value block, the outputs' value block, releases every chunk,
+# every 4 (6 chunks: groups of 4 and 2) and every 16 (one group short of the pass)
+VARIANTS = [dict(BV=16, BVO=32, EVERY=1), dict(BV=32, BVO=64, EVERY=4), dict(BV=64, BVO=128, EVERY=16)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
+def test_launch_variants_equal_the_two_launch_forward(monkeypatch, variant):
+    # float32 tiles: the same products in the same order as `_fwd_kernel` then `_output_kernel`
+    xs = make_inputs(2, 5 * CHUNK + 7, 2, 48, 80, "strong", True, torch.float32, case_seed())
+    o_two, ht_two = forward_without_grad(xs)
+    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: True)
+    monkeypatch.setattr(tuning, "FORCED", {"delta_rule.fwd_overlapped": {
+        **variant, "LANES": 128, "num_warps": 4, "num_stages": 3}})
+    launched = spy_on_launches(monkeypatch)
+    o, ht = forward_without_grad(xs)
+    assert "delta_rule.fwd_overlapped" in launched
+    assert rel_err(o, o_two) < 1e-6 and rel_err(ht, ht_two) < 1e-6
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the programs run concurrently on a GPU only")
+@pytest.mark.parametrize("backward", (False, True), ids=("inference", "training"))
+def test_large_shape_equals_the_two_launch_forward_bit_for_bit(monkeypatch, backward):
+    # 64 programs of 32 columns and 128 chunks, bf16, as the launcher's own rule takes it: output
+    # programs that read a chunk before its states are stored would differ here
+    xs = make_inputs(2, 8192, 8, 128, 128, "weak", True, torch.bfloat16, case_seed())
+    xs = [x.detach().requires_grad_(backward) for x in xs]
+
+    def forward():
+        with torch.set_grad_enabled(backward):
+            return triton_chunk_delta_rule(*xs[:5], initial_state=xs[5], output_final_state=True)
+    launched = spy_on_launches(monkeypatch)
+    o, ht = forward()
+    assert "delta_rule.fwd_overlapped" in launched
+    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: False)
+    o_two, ht_two = forward()
+    assert torch.equal(o, o_two) and torch.equal(ht, ht_two)
