@@ -15,7 +15,9 @@ Forward kernels (chunk_fwd.py): `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U),
 (sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). A forward that no
 backward follows (no input needs a gradient, or no_grad) keeps nothing for one: no L^-1, and where
 `launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O itself, chunk by chunk,
-so the per-chunk states and D are never stored. Backward kernels
+so the per-chunk states and D are never stored. Where `launch_choices._overlaps_output` (64-127
+programs: SMs idle during the state pass), `_fwd_overlapped_kernel` runs the state pass and the
+outputs in one launch, each group of chunks' outputs as soon as its states are stored. Backward kernels
 (chunk_bwd.py): `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state
 gradients, dq, the in-chunk score gradient dS), `_bwd_state_kernel` (sequential, backwards: the
 rest of dD and of the state gradients), `_bwd_chunk_kernel` (chunk-parallel: dk, dv, dbeta, dg).

@@ -5,6 +5,8 @@ W = L^-1 (beta exp(G) K) and U = L^-1 (beta V). `_fwd_kernel` (sequential over c
 entering each chunk and the applied deltas D = U - W S0. `_output_kernel` (chunk-parallel): O.
 With segments (launch_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
 transition matrices), `_segment_states_kernel` (sequential over segments), `_fwd_kernel` again.
+`_fwd_overlapped_kernel`: `_fwd_kernel`'s and `_output_kernel`'s work (`_state_pass`, `_output_tile`)
+in one launch, the outputs of each group of chunks computed while the state pass goes on.
 """
 from __future__ import annotations
 
@@ -29,18 +31,9 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      STORE_LINV: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
-    _prep_chunk(k, v, beta, g, w, u, gcum, linv, tl.program_id(0), tl.program_id(1), T, H, HQ, K, V,
-                BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
-
-
-@triton.jit
-def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                STORE_LINV: tl.constexpr):
-    # `_prep_fwd_kernel`'s work for chunk i_t of state i_bh
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
     BC: tl.constexpr = 16
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)

@@ -237,22 +237,29 @@ def _fused_output_configs(shape_class: tuple) -> list:
 # the whole pass. Measured on an H200 (Triton 3.6, bf16, gpu/host_overhead.py --overlapped-output
 # none both, do_bench ms; outputs equal to the two-launch forward's bit for bit): at 64 programs of
 # 32 columns the forward took 0.291 against 0.338 at 2,8192,8,128 and 1.098 against 1.289 at
-# 2,32768,8,128, the forward+backward 1.022 against 1.081 and 3.675 against 3.894; below 64 it lost
-# or broke even (forward 0.371 against 0.321 at 1,16384,8,64, 0.701 against 0.684 at
-# 1,32768,4,128: there the state pass is all but the whole forward, and the waiting programs and
-# the releases cost it more than the outputs' time), and at 256 programs, where the state pass
-# fills the SMs, it lost too (forward+backward 0.839 against 0.777 at 8,2048,8,128).
+# 2,32768,8,128, the forward+backward 1.022 against 1.081 and 3.675 against 3.894. It lost
+# elsewhere: below 64 programs (forward 0.371 against 0.321 at 1,16384,8,64, 0.701 against 0.684
+# at 1,32768,4,128; 0.427 against 0.404 ms of GPU time at 1,16384,16,64), where the state pass is
+# all but the whole forward and the waiting programs and the releases cost it more than the
+# outputs' time; at 128 (GPU time 0.152 against 0.127 ms forward, 0.427 against 0.402
+# forward+backward at 4,2048,8,128) and at 256 (forward+backward 0.839 against 0.777 at
+# 8,2048,8,128), where the state pass leaves few SMs idle.
+# NEGATIVE, not kept: the prep in the same launch as well (the state pass waiting for groups of
+# 16-64 chunks' W, U and G from prep programs of later tickets) took the forward to 0.63-0.64 ms
+# of GPU time at 2,8192,8,128 (0.285 without), 2.48 at 2,32768,8,128 (1.09) and 3.6-4.1 at
+# 4,2048,8,128 (0.15): the prep's share of one kernel's registers spilled 1.3 KB per thread and
+# its programs held the SMs the outputs needed.
 OVERLAPPED_OUTPUT = {"inference": True, "training": True}
-OVERLAP_MIN_PROGRAMS = 64
+OVERLAP_PROGRAMS = (64, 128)
 
 
 def _overlaps_output(shape_class: tuple, NT: int, backward: bool = True) -> bool:
     """Whether the forward's state pass and outputs run in one launch: where `OVERLAPPED_OUTPUT`
-    allows it, programs of 32-wide value blocks from OVERLAP_MIN_PROGRAMS up to below the SMs,
-    one segment, two chunks or more."""
+    allows it, programs of 32-wide value blocks within OVERLAP_PROGRAMS (and below the SMs), one
+    segment, two chunks or more."""
     programs = _programs_32(shape_class)
     return (OVERLAPPED_OUTPUT["training" if backward else "inference"] and NT > 1
-            and OVERLAP_MIN_PROGRAMS <= programs < shape_class[-1]
+            and OVERLAP_PROGRAMS[0] <= programs < min(OVERLAP_PROGRAMS[1], shape_class[-1])
             and _segment_chunks(shape_class, NT) == NT)
 
 
@@ -269,13 +276,3 @@ def _overlapped_configs(shape_class: tuple) -> list:
                           EVERY=every)
             for every in (4, 16) for c in _sequential_configs(shape_class)]
 
-
-# With the state pass and the outputs in one launch, the prep in it too: the state pass waits for
-# each group of OVERLAP_PREP_CHUNKS chunks' W, U and G (0: the prep is its own launch before)
-OVERLAP_PREP_CHUNKS = 16
-
-
-def _overlapped_prep_chunks(shape_class: tuple, NT: int) -> int:
-    """Chunks per group the overlapped state pass waits for the prep in (0: the prep runs before,
-    in its own launch)."""
-    return OVERLAP_PREP_CHUNKS

@@ -57,12 +57,13 @@ def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
 
 
 
-def test_state_pass_and_outputs_overlap_only_between_64_programs_and_the_sms(monkeypatch):
+def test_state_pass_and_outputs_overlap_only_between_64_and_128_programs(monkeypatch):
     cls = choices._shape_class
     mid = cls(2, 8192, 8, 128, 128, "bf16", None)  # 64 programs of 32 columns
     assert choices._overlaps_output(mid, 128, backward=True)
     assert choices._overlaps_output(mid, 128, backward=False)
     assert not choices._overlaps_output(cls(1, 32768, 4, 128, 128, "bf16", None), 512)  # 16: the pass is the forward
+    assert not choices._overlaps_output(cls(4, 2048, 8, 128, 128, "bf16", None), 32)  # 128: measured slower
     assert not choices._overlaps_output(cls(8, 2048, 8, 128, 128, "bf16", None), 32)  # 256: no SM idle
     assert not choices._overlaps_output(mid, 1)  # one chunk: nothing to overlap
     configs = choices._overlapped_configs(mid)
