@@ -28,7 +28,7 @@ def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                     STORE_LINV: tl.constexpr):
+                     STORE_LINV: tl.constexpr, PART: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -64,6 +64,13 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     a11 = _a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION)
     a22 = _a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION)
     a33 = _a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION)
+    # every block of A before the inverse, so that the four (BC, BK) key tiles die here
+    a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
+    a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
+    a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
+    a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
+    a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
+    a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
     if SQUARING:
         x00 = invert_unit_lower_by_squaring(a00, BC, INV_PRECISION)
         x11 = invert_unit_lower_by_squaring(a11, BC, INV_PRECISION)
@@ -74,12 +81,6 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
         x11 = invert_unit_lower(a11, BC)
         x22 = invert_unit_lower(a22, BC)
         x33 = invert_unit_lower(a33, BC)
-    a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
-    a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
-    a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
-    a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
-    a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
-    a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
     # L^-1 is built in INV_PRECISION (tf32, or tf32x3 on the float32-level path) also when the
     # tiles are bf16: only its products with K and V below take PRECISION
     x10 = -dot(x11, dot(a10, x00, INV_PRECISION), INV_PRECISION)
@@ -91,32 +92,15 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     x31 = -dot(x33, s31, INV_PRECISION)
     s30 = dot(a30, x00, INV_PRECISION) + dot(a31, x10, INV_PRECISION) + dot(a32, x20, INV_PRECISION)
     x30 = -dot(x33, s30, INV_PRECISION)
-    # W = L^-1 (beta exp(G) K), row block by row block
-    y0, y1 = k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None]
-    y2, y3 = k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None]
-    store_rows(w, dot(x00, y0, PRECISION), i_b, i_h, T, H, K, t0, BC, BK)
-    w1 = dot(x10, y0, PRECISION) + dot(x11, y1, PRECISION)
-    store_rows(w, w1, i_b, i_h, T, H, K, t0 + BC, BC, BK)
-    w2 = (dot(x20, y0, PRECISION) + dot(x21, y1, PRECISION)
-          + dot(x22, y2, PRECISION))
-    store_rows(w, w2, i_b, i_h, T, H, K, t0 + 2 * BC, BC, BK)
-    w3 = (dot(x30, y0, PRECISION) + dot(x31, y1, PRECISION)
-          + dot(x32, y2, PRECISION) + dot(x33, y3, PRECISION))
-    store_rows(w, w3, i_b, i_h, T, H, K, t0 + 3 * BC, BC, BK)
-    # U = L^-1 (beta V)
-    z0 = load_rows(v, i_b, i_hq, T, HQ, V, t0, BC, BV) * b0[:, None]
-    z1 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + BC, BC, BV) * b1[:, None]
-    z2 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + 2 * BC, BC, BV) * b2[:, None]
-    z3 = load_rows(v, i_b, i_hq, T, HQ, V, t0 + 3 * BC, BC, BV) * b3[:, None]
-    store_rows(u, dot(x00, z0, PRECISION), i_b, i_h, T, H, V, t0, BC, BV)
-    u1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
-    store_rows(u, u1, i_b, i_h, T, H, V, t0 + BC, BC, BV)
-    u2 = (dot(x20, z0, PRECISION) + dot(x21, z1, PRECISION)
-          + dot(x22, z2, PRECISION))
-    store_rows(u, u2, i_b, i_h, T, H, V, t0 + 2 * BC, BC, BV)
-    u3 = (dot(x30, z0, PRECISION) + dot(x31, z1, PRECISION)
-          + dot(x32, z2, PRECISION) + dot(x33, z3, PRECISION))
-    store_rows(u, u3, i_b, i_h, T, H, V, t0 + 3 * BC, BC, BV)
+    # W = L^-1 (beta exp(G) K) and U = L^-1 (beta V), PART columns at a time (chunk.py,
+    # `PREP_PART_COLUMNS`: the whole head), the keys read again (from L2) once A is formed
+    sw0, sw1, sw2, sw3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
+    for c0 in tl.static_range(0, BK, PART):
+        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3, i_b,
+                     i_hq, i_h, T, H, HQ, K, t0, c0, BC, PART, PRECISION)
+    for c0 in tl.static_range(0, BV, PART):
+        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, v, u, b0, b1, b2, b3, i_b,
+                     i_hq, i_h, T, H, HQ, V, t0, c0, BC, PART, PRECISION)
     pG = gcum + (i_b * T) * H + i_h
     tl.store(pG + rows0 * H, G0, mask=m0)
     tl.store(pG + rows1 * H, G1, mask=m1)
@@ -124,6 +108,26 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     tl.store(pG + rows3 * H, G3, mask=m3)
     if STORE_LINV:
         _store_linv(linv, i_bh * NT + i_t, x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, BT, BC)
+
+
+@triton.jit
+def _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, src, dst, r0, r1, r2, r3, i_b,
+                 i_hq, i_h, T, H, HQ, D: tl.constexpr, t0, c0, BC: tl.constexpr, PART: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # columns c0 .. c0 + PART of dst = L^-1 (r * src) for the chunk at t0 (L^-1 by its (BC, BC)
+    # blocks x_ij, r scaling src's rows): src read from head i_hq of HQ, dst written to head i_h of H
+    z0 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0, c0, BC, PART)).to(tl.float32) * r0[:, None]
+    z1 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + BC, c0, BC, PART)).to(tl.float32) * r1[:, None]
+    z2 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + 2 * BC, c0, BC, PART)).to(tl.float32) * r2[:, None]
+    z3 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + 3 * BC, c0, BC, PART)).to(tl.float32) * r3[:, None]
+    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0, c0, BC, PART), dot(x00, z0, PRECISION))
+    y1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
+    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + BC, c0, BC, PART), y1)
+    y2 = dot(x20, z0, PRECISION) + dot(x21, z1, PRECISION) + dot(x22, z2, PRECISION)
+    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + 2 * BC, c0, BC, PART), y2)
+    y3 = (dot(x30, z0, PRECISION) + dot(x31, z1, PRECISION) + dot(x32, z2, PRECISION)
+          + dot(x33, z3, PRECISION))
+    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + 3 * BC, c0, BC, PART), y3)
 
 
 @triton.jit
