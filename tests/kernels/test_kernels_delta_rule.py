@@ -59,6 +59,34 @@ def run_both(xs, output_final_state=True):
     return (o, ht), (o_ref, ht_ref), ref
 
 
+def forward_without_grad(xs):
+    """The op under no_grad (no backward will follow), with the final state."""
+    q, k, v, beta, g, h0 = (None if x is None else x.detach() for x in xs)
+    with torch.no_grad():
+        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+
+
+def check_forward_without_grad(xs, dtype, seed, reference=None):
+    """`forward_without_grad` against the float64 token loop (or `reference`): o and the final
+    state within the dtype's output bound."""
+    o, ht = forward_without_grad(xs)
+    ref = [None if x is None else x.detach().double() for x in xs]
+    o_ref, ht_ref = (reference or naive_delta_rule)(*ref[:5], initial_state=ref[5], output_final_state=True)
+    tol_out = TOLERANCE[dtype][0]
+    assert rel_err(o, o_ref) < tol_out, f"o: {rel_err(o, o_ref):.2e} (seed {seed})"
+    assert rel_err(ht, ht_ref) < tol_out, f"final state: {rel_err(ht, ht_ref):.2e} (seed {seed})"
+
+
+def check_grouped_heads_without_grad(T):
+    """The hierarchical DeltaNet's two states per head of q, k, v (grouped heads, bf16) under
+    no_grad against the token loop on repeated heads."""
+    B, HQ, D, groups = 2, 3, 32, 2
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(B, T, HQ * groups, D, D, "strong", True, torch.bfloat16, seed)
+    xs = [x.detach()[:, :, :HQ] for x in (q, k, v)] + [beta, g, h0]
+    check_forward_without_grad(xs, torch.bfloat16, seed, reference=_repeated_heads(groups))
+
+
 def check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype):
     """One random case against the float64 token loop: o, the final state and every gradient."""
     seed = case_seed()

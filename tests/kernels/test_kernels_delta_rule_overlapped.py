@@ -10,9 +10,10 @@ import torch
 from ltm.kernels import tuning
 from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
 from ltm.kernels.delta_rule.chunk import CHUNK
-from ltm.ops.delta_rule.naive import naive_delta_rule
-from reference import ON_GPU, TOLERANCE, case_id, case_seed, rel_err
-from test_kernels_delta_rule import _repeated_heads, check_against_token_loop, make_inputs, spy_on_launches
+from reference import ON_GPU, case_id, case_seed, rel_err
+from test_kernels_delta_rule import (check_against_token_loop, check_forward_without_grad,
+                                     check_grouped_heads_without_grad, forward_without_grad, make_inputs,
+                                     spy_on_launches)
 
 # (B, T, H, K, V, decay, initial state): a tail chunk, K != V both ways, 6 chunks (a last group of
 # releases shorter than the others), chunks an exact multiple
@@ -33,12 +34,6 @@ def overlapped(monkeypatch):
     monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: NT > 1)
 
 
-def forward_without_grad(xs):
-    q, k, v, beta, g, h0 = (None if x is None else x.detach() for x in xs)
-    with torch.no_grad():
-        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
-
-
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 @pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", CASES, ids=IDS)
 def test_forward_without_backward_matches_the_token_loop(monkeypatch, overlapped, B, T, H, K, V,
@@ -46,13 +41,8 @@ def test_forward_without_backward_matches_the_token_loop(monkeypatch, overlapped
     seed = case_seed()
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
     launched = spy_on_launches(monkeypatch)
-    o, ht = forward_without_grad(xs)
+    check_forward_without_grad(xs, dtype, seed)
     assert launched == ["delta_rule.prep", "delta_rule.fwd_overlapped"]
-    ref = [None if x is None else x.detach().double() for x in xs]
-    o_ref, ht_ref = naive_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=True)
-    tol_out = TOLERANCE[dtype][0]
-    assert rel_err(o, o_ref) < tol_out, f"o: {rel_err(o, o_ref):.2e} (seed {seed})"
-    assert rel_err(ht, ht_ref) < tol_out, f"final state: {rel_err(ht, ht_ref):.2e} (seed {seed})"
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
@@ -67,16 +57,7 @@ def test_training_forward_matches_the_token_loop(monkeypatch, overlapped, B, T, 
 
 
 def test_grouped_heads(overlapped):
-    # the hierarchical DeltaNet's two states per head of q, k, v: bf16, T over a tail
-    B, T, HQ, D, groups = 2, 3 * CHUNK + 5, 3, 32, 2
-    seed = case_seed()
-    q, k, v, beta, g, h0 = make_inputs(B, T, HQ * groups, D, D, "strong", True, torch.bfloat16, seed)
-    xs = [x.detach()[:, :, :HQ] for x in (q, k, v)] + [beta, g, h0]
-    o, ht = forward_without_grad(xs)
-    ref = [x.detach().double() for x in xs]
-    o_ref, ht_ref = _repeated_heads(groups)(*ref[:5], initial_state=ref[5], output_final_state=True)
-    assert rel_err(o, o_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
-    assert rel_err(ht, ht_ref) < TOLERANCE[torch.bfloat16][0], f"seed {seed}"
+    check_grouped_heads_without_grad(3 * CHUNK + 5)
 
 
 # launch variants: the state pass's value block, the outputs' value block, releases every chunk,
