@@ -50,14 +50,6 @@ from ltm.kernels.delta_rule.launch_choices import (  # noqa: F401
 INVERSE_BY_SQUARING = True
 
 
-# The prep kernel forms W and U this many columns at a time (`_lower_times`): the whole head. Parts
-# were slower though they hold fewer registers (ptxas, sm_90: 255 either way); the prep's GPU time
-# at 2,8192,8,128 was 0.092-0.093 ms whole, 0.100-0.103 in 64-column parts, 0.121-0.123 in 32
-# (H100, Triton 3.6, bf16, two runs; whole heads with A's blocks all formed before the inverse
-# against 0.100-0.101 before that reordering; 0.178-0.179 against 0.194-0.195 at 32,2048,4,128)
-PREP_PART_COLUMNS = 128
-
-
 # dtypes of the backward's buffers: dd (dD), dh_local (each chunk's own (exp(G) Q)^T dO, from
 # `_bwd_local` to `_bwd_state`) and dh (the chunk-state gradients `_bwd_chunk` reads; the same
 # buffer as dh_local when their dtypes agree). "mid": the saved intermediates' dtype (bfloat16
@@ -130,7 +122,7 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
 def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls):
     """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
     programs take each chunk as soon as its states and D are stored, on the SMs the state pass
-    leaves idle. `ready` holds the start tickets and the per-chunk counts, zeroed here."""
+    leaves idle. `ready` holds the start tickets and the per-group counts, zeroed here."""
     T, H, HQ, K, V = dims
     BT, BH = CHUNK, k.shape[0] * H
     NT = triton.cdiv(T, BT)
@@ -164,8 +156,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
     tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
                   {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
-                   "BV": block_size(V), "PART": min(PREP_PART_COLUMNS, BK, block_size(V)),
-                   "PRECISION": precision, "INV_PRECISION": inverse_precision,
+                   "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
                    "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward})
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None

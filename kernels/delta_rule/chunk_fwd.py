@@ -28,7 +28,7 @@ def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                     STORE_LINV: tl.constexpr, PART: tl.constexpr):
+                     STORE_LINV: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -92,15 +92,16 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     x31 = -dot(x33, s31, INV_PRECISION)
     s30 = dot(a30, x00, INV_PRECISION) + dot(a31, x10, INV_PRECISION) + dot(a32, x20, INV_PRECISION)
     x30 = -dot(x33, s30, INV_PRECISION)
-    # W = L^-1 (beta exp(G) K) and U = L^-1 (beta V), PART columns at a time (chunk.py,
-    # `PREP_PART_COLUMNS`: the whole head), the keys read again (from L2) once A is formed
+    # W = L^-1 (beta exp(G) K) and U = L^-1 (beta V), the keys read again (from L2) once A is
+    # formed: with every block of A before the inverse the prep took 0.093 against 0.100 ms at
+    # 2,8192,8,128, 0.179 against 0.195 at 32,2048,4,128 (H100, bf16; ptxas spills 172 against
+    # 292 bytes per thread). W and U in 64- or 32-column parts, fewer live registers, were slower
+    # (0.100-0.103, 0.121-0.123 ms)
     sw0, sw1, sw2, sw3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
-    for c0 in tl.static_range(0, BK, PART):
-        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3, i_b,
-                     i_hq, i_h, T, H, HQ, K, t0, c0, BC, PART, PRECISION)
-    for c0 in tl.static_range(0, BV, PART):
-        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, v, u, b0, b1, b2, b3, i_b,
-                     i_hq, i_h, T, H, HQ, V, t0, c0, BC, PART, PRECISION)
+    _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3, i_b, i_hq,
+                 i_h, T, H, HQ, K, t0, BC, BK, PRECISION)
+    _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, v, u, b0, b1, b2, b3, i_b, i_hq, i_h,
+                 T, H, HQ, V, t0, BC, BV, PRECISION)
     pG = gcum + (i_b * T) * H + i_h
     tl.store(pG + rows0 * H, G0, mask=m0)
     tl.store(pG + rows1 * H, G1, mask=m1)
@@ -112,22 +113,22 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
 
 @triton.jit
 def _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, src, dst, r0, r1, r2, r3, i_b,
-                 i_hq, i_h, T, H, HQ, D: tl.constexpr, t0, c0, BC: tl.constexpr, PART: tl.constexpr,
+                 i_hq, i_h, T, H, HQ, D: tl.constexpr, t0, BC: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr):
-    # columns c0 .. c0 + PART of dst = L^-1 (r * src) for the chunk at t0 (L^-1 by its (BC, BC)
-    # blocks x_ij, r scaling src's rows): src read from head i_hq of HQ, dst written to head i_h of H
-    z0 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0, c0, BC, PART)).to(tl.float32) * r0[:, None]
-    z1 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + BC, c0, BC, PART)).to(tl.float32) * r1[:, None]
-    z2 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + 2 * BC, c0, BC, PART)).to(tl.float32) * r2[:, None]
-    z3 = load_tile(seq_tile(src, i_b, i_hq, T, HQ, D, t0 + 3 * BC, c0, BC, PART)).to(tl.float32) * r3[:, None]
-    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0, c0, BC, PART), dot(x00, z0, PRECISION))
+    # dst = L^-1 (r * src) for the chunk at t0 (L^-1 by its (BC, BC) blocks x_ij, r scaling src's
+    # rows), row block by row block: src read from head i_hq of HQ, dst written to head i_h of H
+    z0 = load_rows(src, i_b, i_hq, T, HQ, D, t0, BC, BD) * r0[:, None]
+    z1 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + BC, BC, BD) * r1[:, None]
+    z2 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + 2 * BC, BC, BD) * r2[:, None]
+    z3 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + 3 * BC, BC, BD) * r3[:, None]
+    store_rows(dst, dot(x00, z0, PRECISION), i_b, i_h, T, H, D, t0, BC, BD)
     y1 = dot(x10, z0, PRECISION) + dot(x11, z1, PRECISION)
-    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + BC, c0, BC, PART), y1)
+    store_rows(dst, y1, i_b, i_h, T, H, D, t0 + BC, BC, BD)
     y2 = dot(x20, z0, PRECISION) + dot(x21, z1, PRECISION) + dot(x22, z2, PRECISION)
-    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + 2 * BC, c0, BC, PART), y2)
+    store_rows(dst, y2, i_b, i_h, T, H, D, t0 + 2 * BC, BC, BD)
     y3 = (dot(x30, z0, PRECISION) + dot(x31, z1, PRECISION) + dot(x32, z2, PRECISION)
           + dot(x33, z3, PRECISION))
-    store_tile(seq_tile(dst, i_b, i_h, T, H, D, t0 + 3 * BC, c0, BC, PART), y3)
+    store_rows(dst, y3, i_b, i_h, T, H, D, t0 + 3 * BC, BC, BD)
 
 
 @triton.jit
@@ -332,8 +333,9 @@ def _fwd_overlapped_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, T, H
                            USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
     # the state pass and the outputs in one launch, for shapes whose state pass leaves SMs idle:
     # the first cdiv(V, BV) BH programs to start walk the chunks (`_fwd_kernel`, SIGNAL on); the
-    # rest each wait for one chunk's states and D (all cdiv(V, BV) value blocks) and write its
-    # outputs (`_output_tile`), chunks in order, while the state pass goes on. Roles go by a ticket
+    # rest each take one chunk (chunks in order), wait until all cdiv(V, BV) value blocks have
+    # stored the states and D of the group of EVERY chunks it is in, and write its outputs
+    # (`_output_tile`) while the state pass goes on. Roles go by a ticket
     # taken at start (ready[0], zeroed by the launcher), not by program id: a program that waits
     # has a later ticket than every state program, which has started and waits on nothing, so no
     # wait can stall the pass. LANES: 32 num_warps, so that every thread releases its own stores.
