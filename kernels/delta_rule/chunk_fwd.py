@@ -25,6 +25,17 @@ def _a_block(k_i, k_j, beta_i, G_i, G_j, mask, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _a_below(k0, k1, k2, k3, b1, b2, b3, G0, G1, G2, G3, m1, m2, m3, PRECISION: tl.constexpr):
+    """A's six (BC, BC) blocks below the diagonal blocks: a10, a20, a21, a30, a31, a32."""
+    return (_a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION),
+            _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION),
+            _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION),
+            _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION),
+            _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION),
+            _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION))
+
+
+@triton.jit
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
@@ -64,13 +75,14 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     a11 = _a_block(k1, k1, b1, G1, G1, strict & m1[:, None], PRECISION)
     a22 = _a_block(k2, k2, b2, G2, G2, strict & m2[:, None], PRECISION)
     a33 = _a_block(k3, k3, b3, G3, G3, strict & m3[:, None], PRECISION)
-    # every block of A before the inverse, so that the four (BC, BK) key tiles die here
-    a10 = _a_block(k1, k0, b1, G1, G0, m1[:, None], PRECISION)
-    a20 = _a_block(k2, k0, b2, G2, G0, m2[:, None], PRECISION)
-    a21 = _a_block(k2, k1, b2, G2, G1, m2[:, None], PRECISION)
-    a30 = _a_block(k3, k0, b3, G3, G0, m3[:, None], PRECISION)
-    a31 = _a_block(k3, k1, b3, G3, G1, m3[:, None], PRECISION)
-    a32 = _a_block(k3, k2, b3, G3, G2, m3[:, None], PRECISION)
+    # bf16 tiles: every block of A before the inverse, so that the four (BC, BK) key tiles die
+    # here (prep 0.093 against 0.100 ms at 2,8192,8,128, 0.179 against 0.195 at 32,2048,4,128;
+    # H100). float32 tiles keep the blocks below the diagonal for after it: formed first, at K =
+    # 128 their launch failed on an H100 ("operation not supported on global/shared address
+    # space", a kernel that spills tens of KB per thread there)
+    if PRECISION == "bf16":
+        a10, a20, a21, a30, a31, a32 = _a_below(k0, k1, k2, k3, b1, b2, b3, G0, G1, G2, G3, m1, m2, m3,
+                                                PRECISION)
     if SQUARING:
         x00 = invert_unit_lower_by_squaring(a00, BC, INV_PRECISION)
         x11 = invert_unit_lower_by_squaring(a11, BC, INV_PRECISION)
@@ -81,6 +93,9 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
         x11 = invert_unit_lower(a11, BC)
         x22 = invert_unit_lower(a22, BC)
         x33 = invert_unit_lower(a33, BC)
+    if PRECISION != "bf16":
+        a10, a20, a21, a30, a31, a32 = _a_below(k0, k1, k2, k3, b1, b2, b3, G0, G1, G2, G3, m1, m2, m3,
+                                                PRECISION)
     # L^-1 is built in INV_PRECISION (tf32, or tf32x3 on the float32-level path) also when the
     # tiles are bf16: only its products with K and V below take PRECISION
     x10 = -dot(x11, dot(a10, x00, INV_PRECISION), INV_PRECISION)
@@ -93,10 +108,8 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
     s30 = dot(a30, x00, INV_PRECISION) + dot(a31, x10, INV_PRECISION) + dot(a32, x20, INV_PRECISION)
     x30 = -dot(x33, s30, INV_PRECISION)
     # W = L^-1 (beta exp(G) K) and U = L^-1 (beta V), the keys read again (from L2) once A is
-    # formed: with every block of A before the inverse the prep took 0.093 against 0.100 ms at
-    # 2,8192,8,128, 0.179 against 0.195 at 32,2048,4,128 (H100, bf16; ptxas spills 172 against
-    # 292 bytes per thread). W and U in 64- or 32-column parts, fewer live registers, were slower
-    # (0.100-0.103, 0.121-0.123 ms)
+    # formed (bf16: ptxas spills 172 against 292 bytes per thread with A formed first). W and U in
+    # 64- or 32-column parts, fewer live registers, were slower (0.100-0.103, 0.121-0.123 ms)
     sw0, sw1, sw2, sw3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
     _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3, i_b, i_hq,
                  i_h, T, H, HQ, K, t0, BC, BK, PRECISION)
