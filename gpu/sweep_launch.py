@@ -147,9 +147,14 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
                 # the fused state pass's rows take it whatever `_fuses_output` would choose
                 fuses = ((lambda cls, backward: not backward or pass_ == "fwd+fused")
                          if name == "delta_rule.fwd_output" else delta_rule_chunk.launch_choices._fuses_output)
+                # and the overlapped one's rows take it at every shape of two chunks or more (where
+                # the fused pass does not: it comes first in a forward without a backward)
+                overlaps = ((lambda cls, NT, backward=True: NT > 1)
+                            if name == "delta_rule.fwd_overlapped" else delta_rule_chunk.launch_choices._overlaps_output)
                 with mock.patch.object(tuning, "AUTOTUNE", False), \
                         mock.patch.dict(tuning.FORCED, {name: choice}), \
                         mock.patch.object(delta_rule_chunk.launch_choices, "_fuses_output", fuses), \
+                        mock.patch.object(delta_rule_chunk.launch_choices, "_overlaps_output", overlaps), \
                         torch.no_grad() if pass_ == "inf" else contextlib.nullcontext():
                     try:
                         if compile_only:
