@@ -121,8 +121,8 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
 
 def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls):
     """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
-    programs take each chunk as soon as its states and D are stored, on the SMs the state pass
-    leaves idle. `ready` holds the start tickets and the per-group counts, zeroed here."""
+    programs take each chunk as soon as the states and D of its group of EVERY chunks are stored,
+    on the SMs the state pass leaves idle. `ready` holds the start tickets and the per-group counts, zeroed here."""
     T, H, HQ, K, V = dims
     BT, BH = CHUNK, k.shape[0] * H
     NT = triton.cdiv(T, BT)
