@@ -53,6 +53,7 @@ def rwkv7_loop_rows(shapes):
 # the kernels of each chunked op: (tuner name, its list of configurations, timed pass)
 KERNELS = {
     "delta_rule": [("delta_rule.prep", delta_rule_chunk._prep_configs, "fwd"),
+                   ("delta_rule.prep", delta_rule_chunk._prep_configs, "inf"),
                    ("delta_rule.fwd", delta_rule_chunk._sequential_configs, "fwd"),
                    ("delta_rule.output", delta_rule_chunk._parallel_configs, "fwd"),
                    ("delta_rule.bwd_local", delta_rule_chunk._bwd_local_configs, "fb"),
@@ -113,7 +114,17 @@ def wide_overlapped(cls) -> list:
             for bv, stages, every in itertools.product((16, 32), (3, 4), (1, 4, 16))]
 
 
-WIDE = {"delta_rule.fwd_output": wide_fused, "delta_rule.fwd_overlapped": wide_overlapped,
+def wide_prep(cls) -> list:
+    """`--wide` for the prep (chunk-parallel, 16 x 16 blocks, 255 registers per thread with 2 or
+    4 warps, so 4 or 2 programs per SM): 2 or 4 warps under a register cap (Triton's `maxnreg`;
+    None: uncapped) that lets more programs share an SM at the cost of spills (ptxas, sm_90, bf16,
+    K = 128, 2 warps: 240 / 568 / 868 / 1428 bytes per thread at 255 / 192 / 168 / 128)."""
+    stages = 1 if cls[0] > 64 else 2
+    return [tuning.config(warps, stages, **({"maxnreg": cap} if cap else {}))
+            for warps, cap in itertools.product((2, 4), (None, 192, 168, 128))]
+
+
+WIDE = {"delta_rule.prep": wide_prep, "delta_rule.fwd_output": wide_fused, "delta_rule.fwd_overlapped": wide_overlapped,
         "delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
         "delta_rule.bwd_chunk": wide_loop, "delta_rule.bwd_local": wide_loop,
         "delta_rule.output": wide_loop}

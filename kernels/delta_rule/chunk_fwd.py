@@ -197,8 +197,8 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
                 SIGNAL: tl.constexpr, EVERY: tl.constexpr, PRECISION: tl.constexpr):
     # `_fwd_kernel`'s work for value block i_v of state i_bh. SIGNAL > 0 (the program's threads):
-    # once the states and D of a group of EVERY chunks are stored, add SIGNAL to
-    # ready[1 + i_bh cdiv(NT, EVERY) + i_t // EVERY] (`_fwd_overlapped_kernel`)
+    # once the states and D of a group of EVERY chunks are stored, add SIGNAL to the group's count
+    # (`_group_count`, `_fwd_overlapped_kernel`)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
@@ -250,8 +250,7 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
             # would need the barrier, which stops Triton pipelining this loop's loads
             if (i_t % EVERY == EVERY - 1) | (i_t == t_end - 1):
                 lanes = tl.arange(0, SIGNAL)
-                tl.atomic_add(ready + 1 + i_bh * tl.cdiv(NT, EVERY) + i_t // EVERY + lanes * 0, 1,
-                              sem="release")
+                tl.atomic_add(_group_count(ready, i_bh, i_t, NT, EVERY) + lanes * 0, 1, sem="release")
         if FUSE_O:
             _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H, HQ, K, V,
                           i_t * BT, i_v * BV, BT, BK, BV, PRECISION)
@@ -260,6 +259,13 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
     if STORE_HT:
         p_ht = state_tile(ht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         store_tile(p_ht, b_s)
+
+
+@triton.jit
+def _group_count(ready, i_bh, i_t, NT, EVERY: tl.constexpr):
+    # where `_fwd_overlapped_kernel` counts the releases of chunk i_t's group of EVERY chunks of
+    # state i_bh (ready[0] holds the start tickets): one address for the releases and the waits
+    return ready + 1 + i_bh * tl.cdiv(NT, EVERY) + i_t // EVERY
 
 
 @triton.jit
@@ -367,7 +373,7 @@ def _fwd_overlapped_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, T, H
         NVO = tl.cdiv(V, BVO)
         job = ticket - NV * BH
         i_t, i_bh, i_v = job // (BH * NVO), (job // NVO) % BH, job % NVO
-        flag = ready + 1 + i_bh * tl.cdiv(NT, EVERY) + i_t // EVERY
+        flag = _group_count(ready, i_bh, i_t, NT, EVERY)
         while tl.atomic_add(flag, 0, sem="acquire") < NV * LANES:
             tl.debug_barrier()
         tl.debug_barrier()
