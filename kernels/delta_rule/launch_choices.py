@@ -102,7 +102,13 @@ def _parallel_configs(shape_class: tuple) -> list:
 def _prep_configs(shape_class: tuple) -> list:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
-    # gpu/sweep_launch.py prep)
+    # gpu/sweep_launch.py prep). 255 registers per thread leave 4 programs of 2 warps per SM; a
+    # register cap (Triton's maxnreg 192 / 168 / 128: more programs per SM, 568-1428 bytes of
+    # spills per thread at K = 128) did not pay: forward without a backward 0.286 ms uncapped
+    # against 0.399 / 0.298 / 0.325 at 2,8192,8,128, 1.109 against 1.126-1.289 at 2,32768,8,128,
+    # 0.405 against 0.414-0.481 at 32,2048,4,128; 168 gained only at 8,2048,8,128 (0.224 against
+    # 0.243) and 8,2048,16,64 (0.191 against 0.209), where the training forward lost (H100, Triton
+    # 3.6, gpu/sweep_launch.py --wide --only delta_rule.prep, 2026-11-26)
     return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 
@@ -249,6 +255,16 @@ def _fused_output_configs(shape_class: tuple) -> list:
 # of GPU time at 2,8192,8,128 (0.285 without), 2.48 at 2,32768,8,128 (1.09) and 3.6-4.1 at
 # 4,2048,8,128 (0.15): the prep's share of one kernel's registers spilled 1.3 KB per thread and
 # its programs held the SMs the outputs needed.
+# NEGATIVE, not kept: the prep overlapped with the overlapped launch (2026-11-26; the patch is
+# gpu/results/prep-overlap-h100-2026-11-26-s18-call1.diff): the prep in chunk order counting each
+# chunk's stores, the overlapped kernel launched as its programmatic dependent (Triton's
+# launch_pdl; the prep's programs call gdc_launch_dependents first) and the state pass walking
+# its chunks in 1, 2 or 4 parts, each once the prep had stored it. Outputs equal bit for bit, but
+# CUDA-graph forward 0.286-0.292 ms against 0.281 at 2,8192,8,128, 1.088-1.107 against 1.111 at
+# 2,32768,8,128, 0.150-0.153 against 0.145 at 4,4096,4,128 (H100, Triton 3.6, bf16): the prep
+# runs in about 4 waves of programs (255 registers per thread), so the dependent starts only
+# with the last wave, and the counts and parts cost the rest (the same without the dependent
+# launch: 0.295 at 2,8192,8,128).
 OVERLAPPED_OUTPUT = {"inference": True, "training": True}
 OVERLAP_PROGRAMS = (64, 128)
 
