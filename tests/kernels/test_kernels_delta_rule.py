@@ -206,7 +206,8 @@ def _listed_launches(kernel: str, B: int, T: int, H: int, K: int, dtype) -> list
     from ltm.kernels.delta_rule import chunk as launcher
     lists = {"prep": launcher._prep_configs, "fwd": launcher._sequential_configs,
              "output": launcher._parallel_configs, "bwd_local": launcher._bwd_local_configs,
-             "bwd_state": launcher._sequential_configs, "bwd_chunk": launcher._bwd_chunk_configs}
+             "bwd_state": launcher._sequential_configs, "bwd_chunk": launcher._bwd_chunk_configs,
+             "fwd_overlapped": launcher.launch_choices._overlapped_configs}
     cls = launcher._shape_class(B, T, H, K, K, dot_precision(dtype, K), torch.device(DEVICE))
     return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in lists[kernel](cls)]
 

@@ -10,9 +10,8 @@ import torch
 from ltm.kernels import tuning
 from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
 from ltm.kernels.delta_rule.chunk import CHUNK
-from ltm.kernels.common import dot_precision
-from reference import DEVICE, ON_GPU, case_id, case_seed, rel_err
-from test_kernels_delta_rule import (check_against_token_loop, check_forward_without_grad,
+from reference import ON_GPU, case_id, case_seed, rel_err
+from test_kernels_delta_rule import (_listed_launches, check_against_token_loop, check_forward_without_grad,
                                      check_grouped_heads_without_grad, forward_without_grad, make_inputs,
                                      spy_on_launches)
 
@@ -80,13 +79,6 @@ def test_launch_variants_equal_the_two_launch_forward(monkeypatch, variant):
     assert rel_err(o, o_two) < 1e-6 and rel_err(ht, ht_two) < 1e-6
 
 
-def _listed_launches(B: int, T: int, H: int, K: int, dtype) -> list[dict]:
-    """The configurations on the overlapped kernel's list for the shape's class on this device."""
-    cls = launch_choices._shape_class(B, T, H, K, K, dot_precision(dtype, K), DEVICE)
-    return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-            for c in launch_choices._overlapped_configs(cls)]
-
-
 # every configuration on the list, on the GPU, where warps and stages change the compiled code
 # (the tuner may pick any of them): few programs (one sequence of two heads), where 16-wide value
 # blocks come first, and many (two sequences of 16 heads)
@@ -97,7 +89,7 @@ def test_every_listed_launch_matches_the_token_loop(monkeypatch, overlapped, K, 
     seed = case_seed()
     failures = []
     for B, H in ((1, 2), (2, 16)):
-        choices = _listed_launches(B, 3 * CHUNK + 5, H, K, dtype)
+        choices = _listed_launches("fwd_overlapped", B, 3 * CHUNK + 5, H, K, dtype)
         assert {c["EVERY"] for c in choices} == {4, 16}
         for choice in choices:
             monkeypatch.setattr(tuning, "FORCED", {"delta_rule.fwd_overlapped": choice})
