@@ -154,10 +154,15 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     gcum = nan_buffer((B, T, H), f32, dev)
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
-    tuning.launch("delta_rule.prep", _prep_fwd_kernel, lambda m: (NT, B * H), _prep_configs(cls), cls,
+    # looping programs where `launch_choices._prep_persistent`, else one program per chunk
+    persistent = launch_choices._prep_persistent(cls)
+    programs = min(NT * B * H, launch_choices.PREP_PROGRAMS_PER_SM * _sm_count(dev))
+    tuning.launch("delta_rule.prep", _prep_fwd_kernel,
+                  (lambda m: (programs,)) if persistent else (lambda m: (NT, B * H)), _prep_configs(cls), cls,
                   {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
-                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward})
+                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward, "JOBS": NT * B * H,
+                   "PERSISTENT": persistent})
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     fused = launch_choices._fuses_output(cls, backward)

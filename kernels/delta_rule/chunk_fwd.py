@@ -1,6 +1,7 @@
 """Forward kernels of the chunked (gated) delta rule; `chunk.py` launches them and gives the maths.
 
-`_prep_fwd_kernel` (chunk-parallel): the in-chunk cumulative log decay G, L^-1 block by block,
+`_prep_fwd_kernel` (chunk-parallel; `_prep_chunk` per chunk, on looping programs with bf16 tiles):
+the in-chunk cumulative log decay G, L^-1 block by block,
 W = L^-1 (beta exp(G) K) and U = L^-1 (beta V). `_fwd_kernel` (sequential over chunks): the state
 entering each chunk and the applied deltas D = U - W S0. `_output_kernel` (chunk-parallel): O.
 With segments (launch_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
@@ -39,12 +40,30 @@ def _a_below(k0, k1, k2, k3, b1, b2, b3, G0, G1, G2, G3, m1, m2, m3, PRECISION: 
 def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                     STORE_LINV: tl.constexpr):
+                     STORE_LINV: tl.constexpr, JOBS, PERSISTENT: tl.constexpr):
+    # PERSISTENT: grid (P,), program p takes chunks p, p + P, ... of the JOBS = NT B H (chunk
+    # i_bh NT + i_t), so that Triton loads the next chunk's beta and decays while this one is
+    # worked (num_stages; launch_choices.PREP_PROGRAMS_PER_SM); otherwise grid (NT, B H), one
+    # chunk per program
+    if PERSISTENT:
+        NT = tl.cdiv(T, BT)
+        for job in range(tl.program_id(0), JOBS, tl.num_programs(0)):
+            _prep_chunk(k, v, beta, g, w, u, gcum, linv, job % NT, job // NT, T, H, HQ, K, V, BT, BK,
+                        BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
+    else:
+        _prep_chunk(k, v, beta, g, w, u, gcum, linv, tl.program_id(0), tl.program_id(1), T, H, HQ, K,
+                    V, BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
+
+
+@triton.jit
+def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
+                STORE_LINV: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
     BC: tl.constexpr = 16
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)

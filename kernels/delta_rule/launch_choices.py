@@ -99,16 +99,37 @@ def _parallel_configs(shape_class: tuple) -> list:
     return configs
 
 
+# The prep on PREP_PROGRAMS_PER_SM x SMs programs, each looping over the chunks (`_prep_persistent`),
+# with bf16 tiles: Triton then loads the next chunk's beta and decays while this one is worked (2
+# stages; the key and value tiles are not pipelined, ptxas on the CPU). CUDA-graph GPU time, ms,
+# one program per chunk against 4 looping programs per SM with 2 warps and 2 stages (H100, Triton
+# 3.6, bf16, outputs equal bit for bit; gpu/results/prep-persistent-h100-2026-11-26-s18-call8):
+# forward without a backward 0.284 -> 0.266 at 2,8192,8,128, 0.207 -> 0.194 at 8,2048,8,128,
+# 0.399 -> 0.367 at 32,2048,4,128, 1.128 -> 1.039 at 2,32768,8,128, 0.200 -> 0.168 at
+# 8,2048,16,64; forward+backward 0.976 -> 0.960, 0.841 -> 0.824, 1.635 -> 1.595, 3.884 -> 3.786,
+# 0.672 -> 0.644. 8 per SM was the same (4 fit by registers), 1 stage gained nothing (0.286), 4
+# warps lost (0.291). float32 tiles keep one program per chunk: their prep spills tens of KB per
+# thread at K = 128 and was not measured looping.
+PREP_PROGRAMS_PER_SM = 4
+
+
+def _prep_persistent(shape_class: tuple) -> bool:
+    """Whether the prep runs on looping programs (`PREP_PROGRAMS_PER_SM`): with bf16 tiles."""
+    return PREP_PROGRAMS_PER_SM > 0 and shape_class[2] == "bf16"
+
+
 def _prep_configs(shape_class: tuple) -> list:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
-    # gpu/sweep_launch.py prep). 255 registers per thread leave 4 programs of 2 warps per SM; a
+    # gpu/sweep_launch.py prep). Looping programs (`_prep_persistent`): 2 stages, see above. 255 registers per thread leave 4 programs of 2 warps per SM; a
     # register cap (Triton's maxnreg 192 / 168 / 128: more programs per SM, 568-1428 bytes of
     # spills per thread at K = 128) did not pay: forward without a backward 0.286 ms uncapped
     # against 0.399 / 0.298 / 0.325 at 2,8192,8,128, 1.109 against 1.126-1.289 at 2,32768,8,128,
     # 0.405 against 0.414-0.481 at 32,2048,4,128; 168 gained only at 8,2048,8,128 (0.224 against
     # 0.243) and 8,2048,16,64 (0.191 against 0.209), where the training forward lost (H100, Triton
     # 3.6, gpu/sweep_launch.py --wide --only delta_rule.prep, 2026-11-26)
+    if _prep_persistent(shape_class):
+        return [tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2)]
     return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 

@@ -200,6 +200,18 @@ def test_backward_buffer_dtypes_match_the_token_loop(monkeypatch, choice):
     check_against_token_loop(2, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16)
 
 
+@pytest.mark.parametrize("K", (64, 128))
+def test_prep_on_few_looping_programs_matches_the_token_loop(monkeypatch, K):
+    # bf16 tiles take the prep on looping programs (`launch_choices._prep_persistent`); 3 programs
+    # for 2 x 2 x 6 chunks, so each takes several chunks of several heads, the last one a tail
+    from ltm.kernels.delta_rule import chunk as launcher
+    monkeypatch.setattr(launcher.launch_choices, "PREP_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: 3)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(2, 5 * CHUNK + 9, 2, K, 64, "strong", True, torch.bfloat16)
+    assert "delta_rule.prep" in launched
+
+
 def _listed_launches(kernel: str, B: int, T: int, H: int, K: int, dtype) -> list[dict]:
     """The configurations on `kernel`'s list for the shape's class on this device."""
     from ltm.kernels.common import dot_precision

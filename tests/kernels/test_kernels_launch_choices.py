@@ -72,3 +72,14 @@ def test_state_pass_and_outputs_overlap_only_between_64_and_128_programs(monkeyp
     monkeypatch.setitem(choices.OVERLAPPED_OUTPUT, "training", False)
     assert not choices._overlaps_output(mid, 128, backward=True)
     assert choices._overlaps_output(mid, 128, backward=False)
+
+
+def test_prep_loops_over_chunks_with_bf16_tiles_only(monkeypatch):
+    bf16 = choices._shape_class(2, 8192, 8, 128, 128, "bf16", None)
+    assert choices._prep_persistent(bf16)
+    assert choices._prep_configs(bf16)[0].num_stages == 2  # the next chunk's loads while this one works
+    f32 = choices._shape_class(2, 8192, 8, 128, 128, "tf32x3", None)
+    assert not choices._prep_persistent(f32)
+    assert choices._prep_configs(f32)[0].num_stages == 1
+    monkeypatch.setattr(choices, "PREP_PROGRAMS_PER_SM", 0)
+    assert not choices._prep_persistent(bf16)
