@@ -1,7 +1,8 @@
 """The (gated) delta rule in Triton, one module per form of `ltm.ops.delta_rule`:
 
     chunk.py      triton_chunk_delta_rule   sequence form, forward and backward (the launchers and
-                                            autograd Function; kernels in chunk_fwd.py, chunk_bwd.py;
+                                            autograd Function; kernels in chunk_prep.py,
+                                            chunk_fwd.py, chunk_bwd.py;
                                             launch configurations in launch_choices.py)
     step.py       triton_delta_rule_step    one token, forward only (decoding)
 

@@ -1,6 +1,6 @@
 """Chunked (gated) delta rule in Triton: the launchers, the autograd Function and the public op
-`triton_chunk_delta_rule`. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`; what each launch
-chooses (chunk, value blocks, warps, stages; the forward's segments) in `launch_choices.py`: per
+`triton_chunk_delta_rule`. The kernels are in `chunk_prep.py`, `chunk_fwd.py` and `chunk_bwd.py`;
+what each launch chooses (chunk, value blocks, warps, stages; the forward's segments) in `launch_choices.py`: per
 kernel a short list of launch configurations per shape class, measured default first; on a GPU
 `ltm.kernels.tuning` times a list once per class and keeps the fastest when asked, otherwise the
 default runs. The variants gpu/delta_rule_variants.py times (tile precision, the inverse, the
@@ -11,8 +11,8 @@ Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the stat
     W    = L^-1 (beta exp(G) K),  U = L^-1 (beta V),  D = U - W S0     (D: the applied deltas)
     O    = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
     S_BT = exp(G_last) S0 + (exp(G_last - G) K)^T D
-Forward kernels (chunk_fwd.py): `_prep_fwd_kernel` (chunk-parallel: L^-1, W, U), `_fwd_kernel`
-(sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). A forward that no
+Forward kernels: `_prep_fwd_kernel` (chunk_prep.py; chunk-parallel: L^-1, W, U), then in chunk_fwd.py
+`_fwd_kernel` (sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). A forward that no
 backward follows (no input needs a gradient, or no_grad) keeps nothing for one: no L^-1, and where
 `launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O itself, chunk by chunk,
 so the per-chunk states and D are never stored. Where `launch_choices._overlaps_output` (64-127
@@ -37,7 +37,8 @@ from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_d
                                 dot_precision, intermediate_dtype, nan_buffer)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
 from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
-                                              _prep_fwd_kernel, _segment_states_kernel)
+                                              _segment_states_kernel)
+from ltm.kernels.delta_rule.chunk_prep import _prep_fwd_kernel
 # the launch choices, imported by name: `chunk.CHUNK`, `chunk._bwd_chunk_configs`, ... read as
 # before (patch `launch_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
 from ltm.kernels.delta_rule import launch_choices
