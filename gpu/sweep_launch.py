@@ -124,10 +124,10 @@ def wide_prep(cls) -> list:
             for warps, cap in itertools.product((2, 4), (None, 192, 168, 128))]
 
 
-WIDE = {"delta_rule.prep": wide_prep, "delta_rule.fwd_output": wide_fused, "delta_rule.fwd_overlapped": wide_overlapped,
-        "delta_rule.fwd": wide_sequential, "delta_rule.bwd_state": wide_sequential,
-        "delta_rule.bwd_chunk": wide_loop, "delta_rule.bwd_local": wide_loop,
-        "delta_rule.output": wide_loop}
+WIDE = {"delta_rule.prep": wide_prep, "delta_rule.fwd_output": wide_fused,
+        "delta_rule.fwd_overlapped": wide_overlapped, "delta_rule.fwd": wide_sequential,
+        "delta_rule.bwd_state": wide_sequential, "delta_rule.bwd_chunk": wide_loop,
+        "delta_rule.bwd_local": wide_loop, "delta_rule.output": wide_loop}
 
 
 def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,

@@ -1,23 +1,24 @@
 """Chunked (gated) delta rule in Triton: the launchers, the autograd Function and the public op
 `triton_chunk_delta_rule`. The kernels are in `chunk_prep.py`, `chunk_fwd.py` and `chunk_bwd.py`;
-what each launch chooses (chunk, value blocks, warps, stages; the forward's segments) in `launch_choices.py`: per
-kernel a short list of launch configurations per shape class, measured default first; on a GPU
-`ltm.kernels.tuning` times a list once per class and keeps the fastest when asked, otherwise the
-default runs. The variants gpu/delta_rule_variants.py times (tile precision, the inverse, the
-backward's buffer dtypes) are switches here.
+what each launch chooses (chunk, value blocks, warps, stages; the forward's segments) in
+`launch_choices.py`: per kernel a short list of launch configurations per shape class, measured
+default first; on a GPU `ltm.kernels.tuning` times a list once per class and keeps the fastest when
+asked, otherwise the default runs. The variants gpu/delta_rule_variants.py times (tile precision,
+the inverse, the backward's buffer dtypes) are switches here.
 
 Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the state entering it:
     A    = strict_lower(beta_i k_i.k_j exp(G_i - G_j)),  L = I + A
     W    = L^-1 (beta exp(G) K),  U = L^-1 (beta V),  D = U - W S0     (D: the applied deltas)
     O    = scale [exp(G) Q S0 + (causal exp(G_i - G_j) Q K^T) D]
     S_BT = exp(G_last) S0 + (exp(G_last - G) K)^T D
-Forward kernels: `_prep_fwd_kernel` (chunk_prep.py; chunk-parallel: L^-1, W, U), then in chunk_fwd.py
-`_fwd_kernel` (sequential over chunks: states and D), `_output_kernel` (chunk-parallel: O). A forward that no
-backward follows (no input needs a gradient, or no_grad) keeps nothing for one: no L^-1, and where
-`launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O itself, chunk by chunk,
-so the per-chunk states and D are never stored. Where `launch_choices._overlaps_output` (64-127
-programs: SMs idle during the state pass), `_fwd_overlapped_kernel` runs the state pass and the
-outputs in one launch, each group of chunks' outputs as soon as its states are stored. Backward kernels
+Forward kernels: `_prep_fwd_kernel` (chunk_prep.py; chunk-parallel: L^-1, W, U), then in
+chunk_fwd.py `_fwd_kernel` (sequential over chunks: states and D), `_output_kernel` (chunk-parallel:
+O). A forward that no backward follows (no input needs a gradient, or no_grad) keeps nothing for
+one: no L^-1, and where `launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O
+itself, chunk by chunk, so the per-chunk states and D are never stored. Where
+`launch_choices._overlaps_output` (64-127 programs: SMs idle during the state pass),
+`_fwd_overlapped_kernel` runs the state pass and the outputs in one launch, each group of chunks'
+outputs as soon as its states are stored. Backward kernels
 (chunk_bwd.py): `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state
 gradients, dq, the in-chunk score gradient dS), `_bwd_state_kernel` (sequential, backwards: the
 rest of dD and of the state gradients), `_bwd_chunk_kernel` (chunk-parallel: dk, dv, dbeta, dg).
@@ -123,7 +124,8 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
 def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls):
     """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
     programs take each chunk as soon as the states and D of its group of EVERY chunks are stored,
-    on the SMs the state pass leaves idle. `ready` holds the start tickets and the per-group counts, zeroed here."""
+    on the SMs the state pass leaves idle. `ready` holds the start tickets and the per-group
+    counts, zeroed here."""
     T, H, HQ, K, V = dims
     BT, BH = CHUNK, k.shape[0] * H
     NT = triton.cdiv(T, BT)
@@ -159,7 +161,8 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     persistent = launch_choices._prep_persistent(cls)
     programs = min(NT * B * H, launch_choices.PREP_PROGRAMS_PER_SM * _sm_count(dev))
     tuning.launch("delta_rule.prep", _prep_fwd_kernel,
-                  (lambda m: (programs,)) if persistent else (lambda m: (NT, B * H)), _prep_configs(cls), cls,
+                  (lambda m: (programs,)) if persistent else (lambda m: (NT, B * H)),
+                  _prep_configs(cls), cls,
                   {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
                    "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward, "JOBS": NT * B * H,

@@ -121,13 +121,14 @@ def _prep_persistent(shape_class: tuple) -> bool:
 def _prep_configs(shape_class: tuple) -> list:
     # its products are 16 x 16 blocks, too small to share among 8 warps: 2 warps took the forward
     # from 0.55 to 0.41 ms at 8,2048,8,128 and from 0.46 to 0.25 ms at 8,2048,12,64 (H100,
-    # gpu/sweep_launch.py prep). Looping programs (`_prep_persistent`): 2 stages, see above. 255 registers per thread leave 4 programs of 2 warps per SM; a
-    # register cap (Triton's maxnreg 192 / 168 / 128: more programs per SM, 568-1428 bytes of
-    # spills per thread at K = 128) did not pay: forward without a backward 0.286 ms uncapped
-    # against 0.399 / 0.298 / 0.325 at 2,8192,8,128, 1.109 against 1.126-1.289 at 2,32768,8,128,
-    # 0.405 against 0.414-0.481 at 32,2048,4,128; 168 gained only at 8,2048,8,128 (0.224 against
-    # 0.243) and 8,2048,16,64 (0.191 against 0.209), where the training forward lost (H100, Triton
-    # 3.6, gpu/sweep_launch.py --wide --only delta_rule.prep, 2026-11-26)
+    # gpu/sweep_launch.py prep). Looping programs (`_prep_persistent`): 2 stages, see above. 255
+    # registers per thread leave 4 programs of 2 warps per SM; a register cap (Triton's maxnreg 192
+    # / 168 / 128: more programs per SM, 568-1428 bytes of spills per thread at K = 128) did not
+    # pay: forward without a backward 0.286 ms uncapped against 0.399 / 0.298 / 0.325 at
+    # 2,8192,8,128, 1.109 against 1.126-1.289 at 2,32768,8,128, 0.405 against 0.414-0.481 at
+    # 32,2048,4,128; 168 gained only at 8,2048,8,128 (0.224 against 0.243) and 8,2048,16,64 (0.191
+    # against 0.209), where the training forward lost (H100, Triton 3.6, gpu/sweep_launch.py --wide
+    # --only delta_rule.prep, 2026-11-26)
     if _prep_persistent(shape_class):
         return [tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2)]
     return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
