@@ -30,6 +30,8 @@ outputs' heads) and HQ (the heads of q, k, v; H a multiple of it, see "grouped h
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -121,15 +123,14 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
                    "STORE_HT": ht is not None})
 
 
-def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls):
+def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls, ready):
     """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
     programs take each chunk as soon as the states and D of its group of EVERY chunks are stored,
-    on the SMs the state pass leaves idle. `ready` holds the start tickets and the per-group
-    counts, zeroed here."""
+    on the SMs the state pass leaves idle. `ready` (`_overlap_counts`) holds the start tickets and
+    the per-group counts, zeroed by the prep."""
     T, H, HQ, K, V = dims
     BT, BH = CHUNK, k.shape[0] * H
     NT = triton.cdiv(T, BT)
-    ready = torch.zeros(1 + BH * NT, dtype=torch.int32, device=k.device)  # (at most NT groups)
     tuning.launch("delta_rule.fwd_overlapped", _fwd_overlapped_kernel,
                   lambda m: (triton.cdiv(V, m["BV"]) * BH + triton.cdiv(V, m["BVO"]) * NT * BH,),
                   launch_choices._overlapped_configs(cls), cls,
@@ -140,9 +141,20 @@ def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, c
                   restore=("ready",))
 
 
+def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
+    """`_fwd_overlapped_kernel`'s counters, the start ticket then at most NT group counts per
+    state, for the prep to zero (its ZERO_READY: one launch less than a memset, 2,8192,8,128
+    forward 0.2586 against 0.2612 ms of CUDA-graph time, H100). Under LTM_POISON_BUFFERS (the
+    tests) they start at -1, so that a count the prep fails to zero shows."""
+    if os.environ.get("LTM_POISON_BUFFERS") == "1":
+        return torch.full((1 + BH * NT,), -1, dtype=torch.int32, device=device)
+    return torch.empty(1 + BH * NT, dtype=torch.int32, device=device)
+
+
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True):
-    """The forward; `backward` False: nothing is kept for a backward (no L^-1; where
-    `launch_choices._fuses_output`, the outputs come out of the state pass: no per-chunk states)."""
+    """The forward; g None: no decay; `backward` False: nothing is kept for a backward (no L^-1;
+    where `launch_choices._fuses_output`, the outputs come out of the state pass: no per-chunk
+    states)."""
     B, T, HQ, K = q.shape
     # H states (beta's heads), HQ heads of q, k, v: state head j reads q, k, v head j mod HQ
     H, V = beta.shape[2], v.shape[-1]
@@ -157,25 +169,29 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     gcum = nan_buffer((B, T, H), f32, dev)
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
-    # looping programs where `launch_choices._prep_persistent`, else one program per chunk
-    persistent = launch_choices._prep_persistent(cls)
-    programs = min(NT * B * H, launch_choices.PREP_PROGRAMS_PER_SM * _sm_count(dev))
-    tuning.launch("delta_rule.prep", _prep_fwd_kernel,
-                  (lambda m: (programs,)) if persistent else (lambda m: (NT, B * H)),
-                  _prep_configs(cls), cls,
-                  {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, T, H, HQ, K, V, BT, BK),
-                   "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
-                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward, "JOBS": NT * B * H,
-                   "PERSISTENT": persistent})
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     fused = launch_choices._fuses_output(cls, backward)
     # the per-chunk states and D: for the output kernel or the backward
     h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
             if backward or not fused else (None, None))
-    if not fused and launch_choices._overlaps_output(cls, NT, backward):
+    overlapped = not fused and launch_choices._overlaps_output(cls, NT, backward)
+    ready = _overlap_counts(B * H, NT, dev) if overlapped else None
+    # looping programs where `launch_choices._prep_persistent`, else one program per chunk
+    persistent = launch_choices._prep_persistent(cls)
+    programs = min(NT * B * H, launch_choices.PREP_PROGRAMS_PER_SM * _sm_count(dev))
+    tuning.launch("delta_rule.prep", _prep_fwd_kernel,
+                  (lambda m: (programs,)) if persistent else (lambda m: (NT, B * H)),
+                  _prep_configs(cls), cls,
+                  {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K, V,
+                           BT, BK),
+                   "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
+                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward, "JOBS": NT * B * H,
+                   "PERSISTENT": persistent, "NREADY": ready.numel() if overlapped else 0,
+                   "ZERO_READY": overlapped, "USE_G": g is not None})
+    if overlapped:
         _fwd_overlapped(k, w, u, gcum, h, d, initial_state, ht, q, o, scale, (T, H, HQ, K, V),
-                        precision, cls)
+                        precision, cls, ready)
         return o, ht, (w, d, gcum, linv, h)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
                 fused_o=(q, o, scale) if fused else None)
@@ -240,7 +256,7 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, g, scale, initial_state, output_final_state):
         o, ht, saved = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state)
         ctx.save_for_backward(q, k, v, beta, initial_state, *saved)
-        ctx.scale, ctx.g_dtype = scale, g.dtype
+        ctx.scale, ctx.g_dtype = scale, None if g is None else g.dtype
         return o, ht
 
     @staticmethod
@@ -249,7 +265,8 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(
             q, k, v, beta, ctx.scale, initial_state, saved, do.contiguous(),
             None if dht is None else dht.contiguous())
-        return dq, dk, dv, dbeta, dg.to(ctx.g_dtype), None, dh0, None
+        dg = None if ctx.g_dtype is None else dg.to(ctx.g_dtype)
+        return dq, dk, dv, dbeta, dg, None, dh0, None
 
 
 def triton_chunk_delta_rule(
@@ -308,7 +325,7 @@ def triton_chunk_delta_rule(
     if T == 0:
         raise ValueError("q must hold at least one token (T >= 1)")
     scale = K ** -0.5 if scale is None else float(scale)
-    g_in = torch.zeros_like(beta, dtype=torch.float32) if g is None else g.contiguous()
+    g_in = None if g is None else g.contiguous()  # None: no decay (the prep's USE_G off)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if not (torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state))):

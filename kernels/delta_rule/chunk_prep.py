@@ -33,10 +33,15 @@ def _a_below(k0, k1, k2, k3, b1, b2, b3, G0, G1, G2, G3, m1, m2, m3, PRECISION: 
 
 
 @triton.jit
-def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
+def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                     STORE_LINV: tl.constexpr, JOBS, PERSISTENT: tl.constexpr):
+                     STORE_LINV: tl.constexpr, JOBS, PERSISTENT: tl.constexpr, NREADY,
+                     ZERO_READY: tl.constexpr, USE_G: tl.constexpr):
+    # ZERO_READY: the programs also zero the NREADY counters of the overlapped launch that follows
+    # (`_fwd_overlapped_kernel`'s `ready`), so that the forward has no memset launch of its own
+    if ZERO_READY:
+        _zero_counts(ready, NREADY)
     # PERSISTENT: grid (P,), program p takes chunks p, p + P, ... of the JOBS = NT B H (chunk
     # i_bh NT + i_t), so that Triton loads the next chunk's beta and decays while this one is
     # worked (num_stages; launch_choices.PREP_PROGRAMS_PER_SM); otherwise grid (NT, B H), one
@@ -45,17 +50,27 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, T, H, HQ, K: tl.constexpr,
         NT = tl.cdiv(T, BT)
         for job in range(tl.program_id(0), JOBS, tl.num_programs(0)):
             _prep_chunk(k, v, beta, g, w, u, gcum, linv, job % NT, job // NT, T, H, HQ, K, V, BT, BK,
-                        BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
+                        BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G)
     else:
         _prep_chunk(k, v, beta, g, w, u, gcum, linv, tl.program_id(0), tl.program_id(1), T, H, HQ, K,
-                    V, BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV)
+                    V, BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G)
+
+
+@triton.jit
+def _zero_counts(ready, NREADY):
+    # ready[:NREADY] = 0, spread over every program of the (1-D or 2-D) grid
+    n_programs = tl.num_programs(0) * tl.num_programs(1)
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    offs = tl.arange(0, 128)
+    for start in range(pid * 128, NREADY, n_programs * 128):
+        tl.store(ready + start + offs, tl.zeros([128], dtype=tl.int32), mask=start + offs < NREADY)
 
 
 @triton.jit
 def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                STORE_LINV: tl.constexpr):
+                STORE_LINV: tl.constexpr, USE_G: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -76,14 +91,20 @@ def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.cons
     b1 = tl.load(pb + rows1 * H, mask=m1, other=0.).to(tl.float32)
     b2 = tl.load(pb + rows2 * H, mask=m2, other=0.).to(tl.float32)
     b3 = tl.load(pb + rows3 * H, mask=m3, other=0.).to(tl.float32)
-    pg = g + (i_b * T) * H + i_h
-    G0 = tl.cumsum(tl.load(pg + rows0 * H, mask=m0, other=0.).to(tl.float32), axis=0)
-    G1 = tl.cumsum(tl.load(pg + rows1 * H, mask=m1, other=0.).to(tl.float32), axis=0)
-    G2 = tl.cumsum(tl.load(pg + rows2 * H, mask=m2, other=0.).to(tl.float32), axis=0)
-    G3 = tl.cumsum(tl.load(pg + rows3 * H, mask=m3, other=0.).to(tl.float32), axis=0)
-    G1 += tl.sum(tl.where(idx == BC - 1, G0, 0.))
-    G2 += tl.sum(tl.where(idx == BC - 1, G1, 0.))
-    G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
+    if USE_G:
+        pg = g + (i_b * T) * H + i_h
+        G0 = tl.cumsum(tl.load(pg + rows0 * H, mask=m0, other=0.).to(tl.float32), axis=0)
+        G1 = tl.cumsum(tl.load(pg + rows1 * H, mask=m1, other=0.).to(tl.float32), axis=0)
+        G2 = tl.cumsum(tl.load(pg + rows2 * H, mask=m2, other=0.).to(tl.float32), axis=0)
+        G3 = tl.cumsum(tl.load(pg + rows3 * H, mask=m3, other=0.).to(tl.float32), axis=0)
+        G1 += tl.sum(tl.where(idx == BC - 1, G0, 0.))
+        G2 += tl.sum(tl.where(idx == BC - 1, G1, 0.))
+        G3 += tl.sum(tl.where(idx == BC - 1, G2, 0.))
+    else:
+        # the plain delta rule (g None): no decay, G = 0 (exp(0) = 1 exactly, so the products
+        # below are the same as with a g of zeros, without its fill and loads)
+        G0 = tl.zeros([BC], dtype=tl.float32)
+        G1, G2, G3 = G0, G0, G0
     # rows past the end of the sequence are masked out: exp(G_i - G_j) is meaningless there
     strict = idx[:, None] > idx[None, :]
     a00 = _a_block(k0, k0, b0, G0, G0, strict & m0[:, None], PRECISION)
@@ -144,7 +165,10 @@ def _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, src, dst, r0,
                  i_hq, i_h, T, H, HQ, D: tl.constexpr, t0, BC: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr):
     # dst = L^-1 (r * src) for the chunk at t0 (L^-1 by its (BC, BC) blocks x_ij, r scaling src's
-    # rows), row block by row block: src read from head i_hq of HQ, dst written to head i_h of H
+    # rows), row block by row block: src read from head i_hq of HQ, dst written to head i_h of H.
+    # (Scaling x_ij's columns instead, so that src goes straight into the products, did not make
+    # Triton pipeline its loads: the prep 65 against 67 us at 2,8192,8,128 but 87 against 83 at
+    # 8,2048,16,64; H100, gpu/results/prep-column-scale-h100-2026-11-26-s19-call3.diff)
     z0 = load_rows(src, i_b, i_hq, T, HQ, D, t0, BC, BD) * r0[:, None]
     z1 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + BC, BC, BD) * r1[:, None]
     z2 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + 2 * BC, BC, BD) * r2[:, None]

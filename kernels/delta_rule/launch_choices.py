@@ -287,6 +287,10 @@ def _fused_output_configs(shape_class: tuple) -> list:
 # runs in about 4 waves of programs (255 registers per thread), so the dependent starts only
 # with the last wave, and the counts and parts cost the rest (the same without the dependent
 # launch: 0.295 at 2,8192,8,128).
+# NEGATIVE, not kept: the overlapped launch as the prep's programmatic dependent with nothing but a
+# wait for the whole prep at its start (2026-11-26; gpu/results/prep-zero-pdl-h100-2026-11-26-s19-
+# call2.diff): CUDA-graph forward 0.654 against 0.670 ms at 2,16384,16,64 but 0.260 against 0.259
+# at 2,8192,8,128, and do_bench 1.040 against 1.002 at 2,32768,8,128 (H100, Triton 3.6, bf16).
 OVERLAPPED_OUTPUT = {"inference": True, "training": True}
 OVERLAP_PROGRAMS = (64, 128)
 

@@ -129,6 +129,22 @@ def test_without_final_state_and_with_scale():
         assert rel_err(x.grad, x_ref.grad) <= 1e-4, f"seed={seed}: d{name}"
 
 
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_no_decay_equals_a_decay_of_zeros_bit_for_bit(dtype):
+    # g None skips the decays' loads in the prep (USE_G off) and gives no dg; exp(0) = 1 exactly,
+    # so the outputs and the other gradients are those of g = 0
+    xs = make_inputs(2, 2 * CHUNK + 9, 2, 32, 48, "none", True, dtype, case_seed())
+    q, k, v, beta, _, h0 = xs
+    zeros = torch.zeros(beta.shape, device=beta.device, requires_grad=True)
+    results = []
+    for g in (None, zeros):
+        o, ht = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+        grads = torch.autograd.grad((o.float().square().sum() + ht.sum()), (q, k, v, beta, h0))
+        results.append((o, ht, *grads))
+    for plain, zero in zip(*results):
+        assert torch.equal(plain, zero)
+
 def test_bad_inputs_raise_one_line_errors():
     q = torch.zeros(1, 4, 2, 32, device=DEVICE)
     beta = torch.zeros(1, 4, 2, device=DEVICE)

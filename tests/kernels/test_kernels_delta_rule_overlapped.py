@@ -60,6 +60,23 @@ def test_grouped_heads(overlapped):
     check_grouped_heads_without_grad(3 * CHUNK + 5)
 
 
+
+def test_counts_zeroed_by_the_prep_on_one_program(monkeypatch, overlapped):
+    # the prep zeroes the overlapped launch's counters (ZERO_READY; under the tests they start at
+    # -1): on one looping program of bf16 tiles, with a release every chunk, 1 + 2 x 3 x 22 = 133
+    # counters in two strides of 128, so a count left unzeroed past the first stride would mistake
+    # the programs' roles or never reach its target
+    from ltm.kernels.delta_rule import chunk as launcher
+    monkeypatch.setattr(launch_choices, "PREP_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: 1)
+    monkeypatch.setattr(tuning, "FORCED", {"delta_rule.fwd_overlapped": {
+        "BV": 16, "BVO": 16, "EVERY": 1, "LANES": 128, "num_warps": 4, "num_stages": 3}})
+    seed = case_seed()
+    launched = spy_on_launches(monkeypatch)
+    check_forward_without_grad(make_inputs(2, 21 * CHUNK + 7, 3, 32, 16, "weak", True, torch.bfloat16,
+                                           seed), torch.bfloat16, seed)
+    assert launched == ["delta_rule.prep", "delta_rule.fwd_overlapped"]
+
 # launch variants: the state pass's value block, the outputs' value block, releases every chunk,
 # every 4 (6 chunks: groups of 4 and 2) and every 16 (one group short of the pass)
 VARIANTS = [dict(BV=16, BVO=32, EVERY=1), dict(BV=32, BVO=64, EVERY=4), dict(BV=64, BVO=128, EVERY=16)]
