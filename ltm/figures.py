@@ -222,8 +222,9 @@ def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None
 def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
     """Time over the floor against shape, ours and fla, one panel per op and pass (log x axis:
     the ratios span 2x to 100x), from `ltm.bench.kernels.grid_table` rows (columns op, B, T, H, D,
-    pass, ours_x_floor, fla_x_floor). A shape where fla's point lies left of ours is one where fla
-    wins."""
+    pass, ours_x_floor, fla_x_floor; with ours_x_floor_graph, ours from CUDA-graph GPU time as a
+    ring). A shape where fla's point lies left of ours is one where fla wins; a filled point far
+    right of its ring is one whose do_bench time was the host's."""
     grid = grid.assign(shape=grid["B"].astype(str) + "," + grid["T"].astype(str) + ","
                        + grid["H"].astype(str) + "," + grid["D"].astype(str))
     panels = list(grid.groupby(["op", "pass"], sort=False))
@@ -235,6 +236,10 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
             part = rows[rows[column].notna()] if column in rows else rows.iloc[:0]
             ax.plot(part[column], part["shape"], "o", color=_color(impl),
                     label="ours" if impl == "triton" else impl, markersize=6)
+        if "ours_x_floor_graph" in rows:
+            part = rows[rows["ours_x_floor_graph"].notna()]
+            ax.plot(part["ours_x_floor_graph"], part["shape"], "o", markerfacecolor="none",
+                    color=_color("triton"), label="ours, GPU time", markersize=9)
         ax.set_xscale("log")
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xlabel("time / floor (x, lower is better)")

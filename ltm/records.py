@@ -31,7 +31,8 @@ def latest_grid(folder: str | Path) -> list[dict]:
     name (a later run replaces an earlier one whatever device its name gives, a cut part does not
     hide the part it did not reach): the rows of
     `ltm.bench.kernels.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
-    the floor, x_fla = fla ms / ours ms) with the device, commit and file of the measurement."""
+    the floor, x_fla = fla ms / ours ms; where the record has them, the same from CUDA-graph GPU
+    times, `_graph_times`) with the device, commit and file of the measurement."""
     from ltm.bench.kernels import grid_table
 
     latest: dict[str, tuple[Path, dict]] = {}
@@ -42,9 +43,28 @@ def latest_grid(folder: str | Path) -> list[dict]:
     rows = []
     for op, (path, record) in sorted(latest.items()):
         for row in grid_table([r for r in record["rows"] if r["op"] == op]):
-            rows.append({**row, "device": record["device"],
+            rows.append({**row, **_graph_times(record["grid"], row), "device": record["device"],
                          "commit": (record.get("commit") or "")[:7], "record": path.name})
     return rows
+
+
+_GRID_PASS = {"fwd": "fwd", "fwd+bwd": "fb"}  # a grid row's pass -> its key in the "grid" section
+
+
+def _graph_times(grid: list[dict], row: dict) -> dict:
+    """The CUDA-graph GPU times a kernel-grid record (`gpu/kernel_grid.py --graph`) holds for a
+    `grid_table` row: ours and fla in ms, x_fla and ours over the floor from them. No host time is
+    in them, where do_bench's times include the host's wherever it is slower than the GPU. Empty
+    for a record measured without --graph."""
+    key = _GRID_PASS.get(row["pass"])
+    shape = [row["B"], row["T"], row["H"], row["D"]]
+    entry = next((g for g in grid if g.get("op") == row["op"] and g.get("shape") == shape), None)
+    if key is None or entry is None or entry.get(f"ours_{key}_graph") is None:
+        return {}
+    ours, fla = entry[f"ours_{key}_graph"], entry.get(f"fla_{key}_graph")
+    return {"ours_graph_ms": ours, "fla_graph_ms": fla,
+            "x_fla_graph": fla / ours if ours and fla else None,
+            "ours_x_floor_graph": ours / row["floor_ms"] if row.get("floor_ms") else None}
 
 
 def gpu_ablate_records(folder: str | Path) -> list[tuple[str, dict, pd.DataFrame]]:

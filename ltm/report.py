@@ -277,7 +277,10 @@ def kernel_history_section(folder: Path) -> Section:
     grid = pd.DataFrame(rows)
     note += (" Above: the shape grid of the newest kernel-grid record per op, x_fla = fla ms / "
              "ours ms (above 1, ours is faster; per op and pass the geometric mean and the worst "
-             "shape), and time over the floor per shape (figure). Below: every recorded row.")
+             "shape), and time over the floor per shape (figure). The *_graph columns (rings "
+             "in the figure) time the same calls replayed from a CUDA graph: GPU time only, where "
+             "do_bench's ms include the host's wherever the host is the slower. Below: every "
+             "recorded row.")
     return Section(title, [pd.DataFrame(grid_summary(rows)), grid, table],
                    [kernel_grid_figure(grid)], note)
 

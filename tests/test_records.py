@@ -78,6 +78,24 @@ def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
     assert summary["with_fla"] == 0 and summary["geomean_x_fla"] is None
 
 
+
+def test_latest_grid_gives_the_cuda_graph_times_beside_do_bench(tmp_path):
+    from ltm.bench.kernels import grid_summary
+    from ltm.records import latest_grid
+    a, b = (1, 512, 2, 64), (4, 256, 8, 128)
+    record = _grid_record({("delta_rule", a): (2.0, 3.0), ("delta_rule", b): (1.0, 1.5)}, "g")
+    # the forward at shape a timed in a CUDA graph as well; shape b and the backward were not
+    record["grid"] = [{"section": "grid", "op": "delta_rule", "shape": list(a), "ours_fwd_graph": 0.5,
+                       "fla_fwd_graph": 2.0, "ours_fb_graph": None}]
+    (tmp_path / "kernel-grid.json").write_text(json.dumps(record))
+    grid = pd.DataFrame(latest_grid(tmp_path)).set_index("B")
+    assert grid.loc[1, "x_fla"] == 1.5 and grid.loc[1, "x_fla_graph"] == 4.0
+    assert grid.loc[1, "ours_graph_ms"] == 0.5 and grid.loc[1, "ours_x_floor_graph"] == pytest.approx(5.0)
+    assert pd.isna(grid.loc[4, "x_fla_graph"]) and grid.loc[4, "x_fla"] == 1.5
+    (summary,) = grid_summary(latest_grid(tmp_path))
+    assert summary["geomean_x_fla"] == pytest.approx(1.5) and summary["geomean_x_fla_graph"] == 4.0
+    assert summary["worst_shape_graph"] == "1,512,2,64"
+
 def test_gpu_ablate_records_pair_each_protocol_with_its_table(tmp_path):
     for name, device in (("b-run", "GPU b"), ("a-run", "GPU a")):
         (tmp_path / f"{name}.json").write_text(json.dumps({"protocol": {"device": device}}))

@@ -357,26 +357,35 @@ def format_grid(table: list[dict]) -> str:
 def grid_summary(table: list[dict]) -> list[dict]:
     """Per op and pass of `grid_table` rows: the shapes, how many have an fla time, the geometric
     mean and the worst x_fla with its shape (None without fla times), and the worst ratio of
-    ours to the floor."""
+    ours to the floor; the same two from x_fla_graph (CUDA-graph GPU times,
+    `ltm.records.latest_grid`) where rows have it."""
     groups: dict[tuple, dict] = {}
     for r in table:
         g = groups.setdefault((r["op"], r["pass"]), {"op": r["op"], "pass": r["pass"], "shapes": 0,
-                                                      "ratios": [], "floors": []})
+                                                      "ratios": [], "graph": [], "floors": []})
         g["shapes"] += 1
+        shape = f"{r['B']},{r['T']},{r['H']},{r['D']}"
         if r.get("ours_x_floor") is not None:
             g["floors"].append(r["ours_x_floor"])
         if r["x_fla"]:
-            g["ratios"].append((r["x_fla"], f"{r['B']},{r['T']},{r['H']},{r['D']}"))
+            g["ratios"].append((r["x_fla"], shape))
+        if r.get("x_fla_graph"):
+            g["graph"].append((r["x_fla_graph"], shape))
     out = []
     for g in groups.values():
-        ratios, floors = g.pop("ratios"), g.pop("floors")
+        ratios, graph, floors = g.pop("ratios"), g.pop("graph"), g.pop("floors")
         worst, at = min(ratios) if ratios else (None, None)
-        out.append({**g, "with_fla": len(ratios),
-                    "geomean_x_fla": math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
-                    if ratios else None,
-                    "worst_x_fla": worst, "worst_shape": at,
-                    "worst_ours_x_floor": max(floors, default=None)})
+        row = {**g, "with_fla": len(ratios), "geomean_x_fla": _geomean(ratios),
+               "worst_x_fla": worst, "worst_shape": at, "worst_ours_x_floor": max(floors, default=None)}
+        if graph:
+            row["geomean_x_fla_graph"], (row["worst_x_fla_graph"], row["worst_shape_graph"]) = (
+                _geomean(graph), min(graph))
+        out.append(row)
     return out
+
+
+def _geomean(ratios: list[tuple[float, str]]) -> float | None:
+    return math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios)) if ratios else None
 
 
 def environment() -> dict:

@@ -106,6 +106,10 @@ def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
         {"op": "delta_rule", "B": 1, "T": 512, "H": 4, "D": 64, "pass": "fwd+bwd", "ours_x_floor": 9.0, "fla_x_floor": 7.0}])
     fig = kernel_grid_figure(grid)
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["delta_rule fwd", "delta_rule fwd+bwd"]
+    # GPU times, where the record has them, as rings beside ours
+    fig = kernel_grid_figure(grid.assign(ours_x_floor_graph=[3.5, None, 8.0]))
+    rings = [line for line in fig.axes[0].get_lines() if line.get_label() == "ours, GPU time"]
+    assert len(rings) == 1 and list(rings[0].get_xdata()) == [3.5]
 
 
 def test_floor_ms_is_the_slower_of_moving_the_bytes_and_doing_the_flops():
