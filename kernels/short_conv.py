@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, nan_buffer, rounded
+from ltm.kernels.common import block_size, cdiv, nan_buffer, rounded
 
 # Tokens per program; the convolution reads W - 1 tokens before them again.
 TOKENS = 64
@@ -140,7 +140,7 @@ def _bwd_kernel(x, w, dp, dx, dw_part, T, C: tl.constexpr, W: tl.constexpr, BT: 
 
 
 def _grid(B: int, T: int, C: int, head_dim: int) -> tuple[int, int, int]:
-    return (triton.cdiv(T, TOKENS), C // head_dim, B)
+    return (cdiv(T, TOKENS), C // head_dim, B)
 
 
 class ShortConvQKVFunction(torch.autograd.Function):

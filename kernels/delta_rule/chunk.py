@@ -33,10 +33,9 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 
 from ltm.kernels import tuning
-from ltm.kernels.common import (block_size, check_btd, check_dtype, check_head_dim, check_state,
+from ltm.kernels.common import (block_size, cdiv, check_btd, check_dtype, check_head_dim, check_state,
                                 dot_precision, intermediate_dtype, nan_buffer)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
 from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
@@ -90,9 +89,9 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
     (one segment only); h and d may then be None (not stored)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     seg = NT if fused_o is not None else launch_choices._segment_chunks(cls, NT)
-    NS = triton.cdiv(NT, seg)
+    NS = cdiv(NT, seg)
     q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
     common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H, "HQ": HQ,
               "SEG": seg, "K": K, "BT": BT, "BK": BK, "PRECISION": precision}
@@ -105,20 +104,20 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None)
         for width, extra in ((V, {"u": u, "ht": ends, "TRANSITION": False}),
                              (K, {"u": None, "ht": trans, "TRANSITION": True})):
             tuning.launch("delta_rule.fwd_segment", _fwd_kernel,
-                          lambda m, width=width: (triton.cdiv(width, m["BV"]), BH, NS),
+                          lambda m, width=width: (cdiv(width, m["BV"]), BH, NS),
                           _sequential_configs(cls), cls,
                           {**common, "h": None, "d": None, "h0": None, "V": width, "USE_H0": False,
                            "STORE_HT": True, "STORE_HD": False, "SEGMENTED": True, "FUSE_O": False,
                            **extra})
         tuning.launch("delta_rule.fwd_segment_states", _segment_states_kernel,
-                      lambda m: (triton.cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
+                      lambda m: (cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
                       {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,
                        "V": V, "BK": BK, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
                        "PRECISION": "tf32x3"})  # float32-level: the states' sums over segments
         h0, ht = starts, None
     name, configs = (("delta_rule.fwd_output", launch_choices._fused_output_configs(cls))
                      if fused_o is not None else ("delta_rule.fwd", _sequential_configs(cls)))
-    tuning.launch(name, _fwd_kernel, lambda m: (triton.cdiv(V, m["BV"]), BH, NS), configs, cls,
+    tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, NS), configs, cls,
                   {**common, **pass_kwargs, "h0": h0, "ht": ht, "USE_H0": h0 is not None,
                    "STORE_HT": ht is not None})
 
@@ -130,9 +129,9 @@ def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, c
     the per-group counts, zeroed by the prep."""
     T, H, HQ, K, V = dims
     BT, BH = CHUNK, k.shape[0] * H
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     tuning.launch("delta_rule.fwd_overlapped", _fwd_overlapped_kernel,
-                  lambda m: (triton.cdiv(V, m["BV"]) * BH + triton.cdiv(V, m["BVO"]) * NT * BH,),
+                  lambda m: (cdiv(V, m["BV"]) * BH + cdiv(V, m["BVO"]) * NT * BH,),
                   launch_choices._overlapped_configs(cls), cls,
                   {"k": k, "w": w, "u": u, "gcum": gcum, "h": h, "d": d, "h0": h0, "ht": ht, "q": q,
                    "o": o, "scale": scale, "ready": ready, "T": T, "H": H, "HQ": HQ, "BH": BH, "K": K,
@@ -159,7 +158,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     # H states (beta's heads), HQ heads of q, k, v: state head j reads q, k, v head j mod HQ
     H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)
     inverse_precision = "tf32" if precision == "bf16" else precision
@@ -197,7 +196,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                 fused_o=(q, o, scale) if fused else None)
     if fused:
         return o, ht, (w, d, gcum, linv, h)
-    tuning.launch("delta_rule.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
+    tuning.launch("delta_rule.output", _output_kernel, lambda m: (cdiv(V, m["BV"]), NT, B * H),
                   _parallel_configs(cls), cls,
                   {**_args("_output_kernel", q, k, gcum, h, d, o, scale, T, H, HQ, K, V, BT, BK),
                    "PRECISION": precision})
@@ -210,7 +209,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
     B, T, HQ, K = q.shape
     H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     dev, f32 = q.device, torch.float32
     precision = dot_precision(q.dtype, K)
     cls = _shape_class(B, T, H, K, V, precision, dev)
@@ -232,7 +231,7 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
                            scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     # it adds to dd and may write dh over dh_local: tuning restores them after each timed run
     tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
-                  lambda m: (triton.cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
+                  lambda m: (cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
                   {**_args("_bwd_state_kernel", k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K, V,
                            BT, BK),
                    "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},

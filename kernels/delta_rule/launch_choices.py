@@ -8,9 +8,9 @@ gpu/sweep_launch.py and the tests read every list in one place.
 from __future__ import annotations
 
 import torch
-import triton
 
 from ltm.kernels import tuning
+from ltm.kernels.common import cdiv
 
 # Tokens per chunk. 64 keeps the in-chunk matrices on the tensor cores and the number of sequential
 # steps low; the tail chunk of a sequence whose length is no multiple of it is masked.
@@ -33,14 +33,14 @@ def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
     """What the launch choices depend on: head sizes, tile precision, chunks per sequence (the
     sequential kernels' steps) and B H (their programs per value block), the last two rounded up
     to powers of two, and the SM count. One tuning per class and dtype (`ltm.kernels.tuning`)."""
-    return (K, V, precision, tuning.bucket(triton.cdiv(T, CHUNK), 1024), tuning.bucket(B * H, 1024),
+    return (K, V, precision, tuning.bucket(cdiv(T, CHUNK), 1024), tuning.bucket(B * H, 1024),
             _sm_count(device))
 
 
 def _programs_32(shape_class: tuple) -> int:
     # programs of a sequential kernel on 32-wide value blocks in this class
     K, V, _, _, BH, _ = shape_class
-    return BH * triton.cdiv(V, 32)
+    return BH * cdiv(V, 32)
 
 
 def _sequential_configs(shape_class: tuple) -> list:
@@ -214,8 +214,8 @@ def _segment_chunks(shape_class: tuple, NT: int) -> int:
     programs, sms = _programs_32(shape_class), shape_class[-1]
     if not SEGMENTED_FORWARD or programs >= sms or NT < 2 * MIN_SEGMENT_CHUNKS:
         return NT
-    segments = min(triton.cdiv(SEGMENT_FILL * sms, programs), NT // MIN_SEGMENT_CHUNKS)
-    return triton.cdiv(NT, segments)
+    segments = min(cdiv(SEGMENT_FILL * sms, programs), NT // MIN_SEGMENT_CHUNKS)
+    return cdiv(NT, segments)
 
 
 # Outputs out of the state pass (`_fwd_kernel` with FUSE_O), per kind of forward: "inference" (no

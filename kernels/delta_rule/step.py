@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, check_bhd, check_head_dim, check_state, nan_buffer
+from ltm.kernels.common import block_size, cdiv, check_bhd, check_head_dim, check_state, nan_buffer
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def triton_delta_rule_step(
     s = None if state is None else state.float().contiguous()
     o = nan_buffer((B, H, V), v.dtype, q.device)
     s_new = nan_buffer((B, H, K, V), torch.float32, q.device)
-    _delta_rule_step_kernel[(triton.cdiv(V, BV), B * H)](
+    _delta_rule_step_kernel[(cdiv(V, BV), B * H)](
         q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
         None if g is None else g.contiguous(), s, o, s_new, scale, K, V, BK, BV,
         g is not None, s is not None, num_warps=4)

@@ -37,10 +37,10 @@ Tested against `ltm.ops.rwkv7.naive.naive_rwkv7`.
 from __future__ import annotations
 
 import torch
-import triton
 
 from ltm.kernels import tuning
-from ltm.kernels.common import block_size, check_rwkv7_inputs, dot_precision, intermediate_dtype, nan_buffer
+from ltm.kernels.common import (block_size, cdiv, check_rwkv7_inputs, dot_precision, intermediate_dtype,
+                                nan_buffer)
 from ltm.kernels.delta_rule.chunk import _sm_count
 from ltm.kernels.rwkv7.chunk_bwd import _bwd_grad_kernel, _bwd_state_kernel
 from ltm.kernels.rwkv7.chunk_fwd import _fwd_state_kernel, _output_kernel, _prep_fwd_kernel
@@ -61,7 +61,7 @@ FAST_SPAN = 40.0
 def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str, device) -> tuple:
     """What the launch choices depend on (as in the delta rule's launcher): head sizes, tile
     precision, chunks per sequence and B H rounded up to powers of two, the SM count."""
-    return (K, V, precision, tuning.bucket(triton.cdiv(T, CHUNK), 4096), tuning.bucket(B * H, 1024),
+    return (K, V, precision, tuning.bucket(cdiv(T, CHUNK), 4096), tuning.bucket(B * H, 1024),
             _sm_count(device))
 
 
@@ -73,7 +73,7 @@ def _sequential_configs(shape_class: tuple) -> list:
     the port). Few programs (B H cdiv(V, 32) below twice the SM count): 16-wide blocks too; many:
     64-wide blocks, which read the (C, K) tiles half as often."""
     K, V, _, _, BH, sms = shape_class
-    programs = BH * triton.cdiv(V, 32)
+    programs = BH * cdiv(V, 32)
     configs = [tuning.config(4, 3, BV=32), tuning.config(4, 2, BV=32)]
     if programs < 2 * sms:
         configs += [tuning.config(4, 3, BV=16), tuning.config(2, 3, BV=16)]
@@ -122,7 +122,7 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     B, T, H, K = r.shape
     V = v.shape[-1]
     C, BK = CHUNK, block_size(K)
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     dev, f32 = r.device, torch.float32
     precision = dot_precision(r.dtype, K)
     inverse_precision = "tf32" if precision == "bf16" else precision
@@ -139,12 +139,12 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     h = nan_buffer((B * H, NT, K, V), mid, dev)
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    tuning.launch("rwkv7.fwd_state", _fwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
+    tuning.launch("rwkv7.fwd_state", _fwd_state_kernel, lambda m: (cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
                   {**_args("_fwd_state_kernel", gam, v, x, y, bbar, kbar, h, s, initial_state, ht, T, H,
                            K, V, C, BK), "USE_H0": initial_state is not None,
                    "STORE_HT": output_final_state, "PRECISION": precision})
-    tuning.launch("rwkv7.output", _output_kernel, lambda m: (triton.cdiv(V, m["BV"]), NT, B * H),
+    tuning.launch("rwkv7.output", _output_kernel, lambda m: (cdiv(V, m["BV"]), NT, B * H),
                   _output_configs(cls), cls,
                   {**_args("_output_kernel", r, w, v, h, s, arb, ark, o, T, H, K, V, C, BK),
                    "PRECISION": precision})
@@ -156,7 +156,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
     B, T, H, K = r.shape
     V = v.shape[-1]
     C, BK = CHUNK, block_size(K)
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     dev, f32 = r.device, torch.float32
     precision = dot_precision(r.dtype, K)
     cls = _shape_class(B, T, H, K, V, precision, dev)
@@ -165,7 +165,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, saved, do, dht):
     mid = intermediate_dtype(precision)
     dh, p = nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
-    tuning.launch("rwkv7.bwd_state", _bwd_state_kernel, lambda m: (triton.cdiv(V, m["BV"]), B * H),
+    tuning.launch("rwkv7.bwd_state", _bwd_state_kernel, lambda m: (cdiv(V, m["BV"]), B * H),
                   _sequential_configs(cls), cls,
                   {**_args("_bwd_state_kernel", rt, at, gam, ybar, do, arl, dh, p, dht, dh0, T, H, K, V,
                            C, BK), "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,

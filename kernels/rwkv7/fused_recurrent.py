@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, check_rwkv7_inputs, nan_buffer
+from ltm.kernels.common import block_size, cdiv, check_rwkv7_inputs, nan_buffer
 
 # Tokens between two saved states: the backward recomputes at most this many states per step back.
 CHUNK = 32
@@ -147,11 +147,11 @@ def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
     B, T, H, K = r.shape
     V = v.shape[-1]
     BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     h = nan_buffer((B * H, NT, K, V), torch.float32, r.device)
     o = nan_buffer((B, T, H, V), v.dtype, r.device)
     ht = nan_buffer((B, H, K, V), torch.float32, r.device) if output_final_state else None
-    _fwd_kernel[(triton.cdiv(V, BV), B * H)](
+    _fwd_kernel[(cdiv(V, BV), B * H)](
         r, w, k, v, a, b, o, h, initial_state, ht, T, H, K, V, BT, BK, BV,
         initial_state is not None, output_final_state, **_launch_options(K, V))
     return o, ht, h
@@ -161,7 +161,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
     B, T, H, K = r.shape
     V = v.shape[-1]
     BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
-    NV = triton.cdiv(V, BV)
+    NV = cdiv(V, BV)
     dev = r.device
     scratch = torch.empty(B * H * NV * BT * BK * BV, dtype=torch.float32, device=dev)
     # partial sums over the value blocks, added below

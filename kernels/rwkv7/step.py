@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import block_size, check_bhd, check_head_dim, check_state, nan_buffer
+from ltm.kernels.common import block_size, cdiv, check_bhd, check_head_dim, check_state, nan_buffer
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def triton_rwkv7_step(
     s = None if state is None else state.float().contiguous()
     o = nan_buffer((B, H, V), v.dtype, r.device)
     s_new = nan_buffer((B, H, K, V), torch.float32, r.device)
-    _rwkv7_step_kernel[(triton.cdiv(V, BV), B * H)](
+    _rwkv7_step_kernel[(cdiv(V, BV), B * H)](
         *(x.contiguous() for x in (r, w, k, v, a, b)), s, o, s_new, K, V, BK, BV, s is not None,
         num_warps=4)
     return o, s_new
