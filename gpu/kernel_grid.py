@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -60,7 +59,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings  # noqa: E402
+from ltm.bench.kernels import GRID_SHAPES, floor_ms, geomean, make_inputs, measure_ceilings  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
 
 # the grid's shapes, most informative first: the three (measured before), single long
@@ -362,10 +361,6 @@ def record(env: dict, ceilings: dict, rows: list, elapsed: float) -> dict:
             "grid": [r for r in rows if r.get("section") == "grid"],
             "decode": [r for r in rows if r.get("section") == "decode"],
             "tuning": tuning.chosen()}
-
-
-def geomean(values: list) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def summary(rows: list) -> dict:

@@ -375,17 +375,19 @@ def grid_summary(table: list[dict]) -> list[dict]:
     for g in groups.values():
         ratios, graph, floors = g.pop("ratios"), g.pop("graph"), g.pop("floors")
         worst, at = min(ratios) if ratios else (None, None)
-        row = {**g, "with_fla": len(ratios), "geomean_x_fla": _geomean(ratios),
+        row = {**g, "with_fla": len(ratios),
+               "geomean_x_fla": geomean([x for x, _ in ratios]) if ratios else None,
                "worst_x_fla": worst, "worst_shape": at, "worst_ours_x_floor": max(floors, default=None)}
         if graph:
             row["geomean_x_fla_graph"], (row["worst_x_fla_graph"], row["worst_shape_graph"]) = (
-                _geomean(graph), min(graph))
+                geomean([x for x, _ in graph]), min(graph))
         out.append(row)
     return out
 
 
-def _geomean(ratios: list[tuple[float, str]]) -> float | None:
-    return math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios)) if ratios else None
+def geomean(values: list[float]) -> float:
+    """The geometric mean of positive values (the grid's ratios; gpu/kernel_grid.py too)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def environment() -> dict:
