@@ -130,12 +130,17 @@ def block_size(size: int) -> int:
     return max(16, 1 << (int(size) - 1).bit_length())
 
 
+def poisoning_buffers() -> bool:
+    """Whether buffers for kernels to fill start poisoned (LTM_POISON_BUFFERS=1, the tests)."""
+    return os.environ.get("LTM_POISON_BUFFERS") == "1"
+
+
 def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A buffer for a kernel to fill. With LTM_POISON_BUFFERS=1 (the tests set it) it is filled
     with NaN first, so an element a kernel fails to write shows up instead of stale memory;
     otherwise it is left uninitialised: poisoning writes every intermediate once more (about 4%
     of the delta rule's forward+backward time on an H200)."""
-    if os.environ.get("LTM_POISON_BUFFERS") == "1":
+    if poisoning_buffers():
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 

@@ -30,13 +30,11 @@ outputs' heads) and HQ (the heads of q, k, v; H a multiple of it, see "grouped h
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ltm.kernels import tuning
 from ltm.kernels.common import (block_size, cdiv, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision, intermediate_dtype, nan_buffer)
+                                dot_precision, intermediate_dtype, nan_buffer, poisoning_buffers)
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
 from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
                                               _segment_states_kernel)
@@ -145,7 +143,7 @@ def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
     state, for the prep to zero (its ZERO_READY: one launch less than a memset, 2,8192,8,128
     forward 0.2586 against 0.2612 ms of CUDA-graph time, H100). Under LTM_POISON_BUFFERS (the
     tests) they start at -1, so that a count the prep fails to zero shows."""
-    if os.environ.get("LTM_POISON_BUFFERS") == "1":
+    if poisoning_buffers():
         return torch.full((1 + BH * NT,), -1, dtype=torch.int32, device=device)
     return torch.empty(1 + BH * NT, dtype=torch.int32, device=device)
 
