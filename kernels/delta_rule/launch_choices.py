@@ -7,6 +7,8 @@ gpu/sweep_launch.py and the tests read every list in one place.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ltm.kernels import tuning
@@ -24,8 +26,15 @@ DEFAULT_SM_COUNT = 132
 
 def _sm_count(device: torch.device | None) -> int:
     if device is not None and device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return DEFAULT_SM_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    # asked once per GPU: `get_device_properties` took 17 us a call under cProfile on the H100 host,
+    # twice per delta-rule forward
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
@@ -43,6 +52,7 @@ def _programs_32(shape_class: tuple) -> int:
     return BH * cdiv(V, 32)
 
 
+@tuning.per_class
 def _sequential_configs(shape_class: tuple) -> list:
     """`_fwd_kernel` and `_bwd_state_kernel`: they walk the chunks one after another carrying only
     the (BK, BV) state, so the next chunk's tiles can be loaded while the current one is used.
@@ -83,6 +93,7 @@ def _sequential_configs(shape_class: tuple) -> list:
     return configs
 
 
+@tuning.per_class
 def _parallel_configs(shape_class: tuple) -> list:
     """`_output_kernel` (chunk-parallel, one program per value block, chunk and head). 32-wide
     blocks with 4 warps and 1 stage (0.33 against 0.41 ms with 8 warps at 8,2048,8,128; H100,
@@ -129,9 +140,15 @@ def _prep_configs(shape_class: tuple) -> list:
     # 32,2048,4,128; 168 gained only at 8,2048,8,128 (0.224 against 0.243) and 8,2048,16,64 (0.191
     # against 0.209), where the training forward lost (H100, Triton 3.6, gpu/sweep_launch.py --wide
     # --only delta_rule.prep, 2026-11-26)
-    if _prep_persistent(shape_class):
-        return [tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2)]
-    return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
+    # keyed on the persistence as well as the class: the tests patch PREP_PROGRAMS_PER_SM
+    return _prep_configs_of(shape_class, _prep_persistent(shape_class))
+
+
+@functools.lru_cache(maxsize=None)
+def _prep_configs_of(shape_class: tuple, persistent: bool) -> tuple:
+    if persistent:
+        return (tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2))
+    return (tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2))
 
 
 # Where one value block covers the whole head (V <= 32 with 32-wide blocks), the loop kernels' 8-warp
@@ -142,6 +159,7 @@ def _prep_configs(shape_class: tuple) -> list:
 SINGLE_BLOCK_MAX_V = 32
 
 
+@tuning.per_class
 def _bwd_local_configs(shape_class: tuple) -> list:
     """`_bwd_local_kernel`: one program per chunk and head, looping over the value columns with a
     (BT, BK) and a (BT, BT) float32 accumulator. 4 warps only (8 were never faster, see
@@ -160,6 +178,7 @@ def _bwd_local_configs(shape_class: tuple) -> list:
     return configs
 
 
+@tuning.per_class
 def _bwd_chunk_configs(shape_class: tuple) -> list:
     """`_bwd_chunk_kernel`: one program per chunk and head, looping over the value columns with a
     (BT, BK) and a (BT, BT) float32 accumulator. At K <= 64, V >= 64: all 64 columns at once with
@@ -242,6 +261,7 @@ def _fuses_output(shape_class: tuple, backward: bool) -> bool:
             and _programs_32(shape_class) >= sms)
 
 
+@tuning.per_class
 def _fused_output_configs(shape_class: tuple) -> list:
     """`_fwd_kernel` with the outputs fused (bf16 tiles): 4 warps (8 were 1.2-2x slower: 4 spill
     0.3 KB per thread at K = 128, but 8 split the (BT, BT) Q K^T work worse). K = 128: 32-wide value
@@ -305,6 +325,7 @@ def _overlaps_output(shape_class: tuple, NT: int, backward: bool = True) -> bool
             and _segment_chunks(shape_class, NT) == NT)
 
 
+@tuning.per_class
 def _overlapped_configs(shape_class: tuple) -> list:
     """`_fwd_overlapped_kernel`: the state pass's launches (BV, warps, stages) with the output
     kernel's default value block (BVO), a release every EVERY chunks, and LANES = the threads (each

@@ -65,6 +65,7 @@ def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str, device)
             _sm_count(device))
 
 
+@tuning.per_class
 def _sequential_configs(shape_class: tuple) -> list:
     """`_fwd_state_kernel` and `_bwd_state_kernel`, which walk the chunks in order carrying only the
     (BK, BV) state, so the next chunk's tiles can be loaded while the current one is used. Default:
@@ -82,6 +83,7 @@ def _sequential_configs(shape_class: tuple) -> list:
     return configs
 
 
+@tuning.per_class
 def _prep_configs(shape_class: tuple) -> list:
     # untuned, one configuration: 8 warps at K = 128 so that the (C, K) float32 tiles of the
     # column loop stay in registers, else 4; Triton's default 3 stages. Not on a tuning list:
@@ -89,6 +91,7 @@ def _prep_configs(shape_class: tuple) -> list:
     return [tuning.config(8 if shape_class[0] > 64 else 4, 3)]
 
 
+@tuning.per_class
 def _output_configs(shape_class: tuple) -> list:
     # `_output_kernel`, one program per value block, chunk and head. Default (untuned): the prep's
     # warps, 32-wide value blocks; 64-wide ones read r, w and the pair matrices half as often

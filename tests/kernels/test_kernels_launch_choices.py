@@ -83,3 +83,5 @@ def test_prep_loops_over_chunks_with_bf16_tiles_only(monkeypatch):
     assert choices._prep_configs(f32)[0].num_stages == 1
     monkeypatch.setattr(choices, "PREP_PROGRAMS_PER_SM", 0)
     assert not choices._prep_persistent(bf16)
+    # the list is cached per class, yet follows the switch: one program per chunk, 1 stage at K = 128
+    assert choices._prep_configs(bf16)[0].num_stages == 1

@@ -147,3 +147,20 @@ def test_tuning_is_opt_in(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(tuning)
+
+
+def test_per_class_builds_each_class_list_once():
+    built = []
+
+    @tuning.per_class
+    def configs(shape_class):
+        built.append(shape_class)
+        return [tuning.config(4, 2, BV=shape_class[0]), tuning.config(4, 1, BV=shape_class[0])]
+
+    first, again, other = configs((32, "bf16")), configs((32, "bf16")), configs((64, "bf16"))
+    assert first is again and isinstance(first, tuple) and len(first) == 2
+    assert built == [(32, "bf16"), (64, "bf16")]
+    assert [c.kwargs["BV"] for c in other] == [64, 64]
+    # the launchers' lists keep their content through the cache
+    cls = launch_choices._shape_class(2, 8192, 8, 128, 128, "bf16", None)
+    assert launch_choices._overlapped_configs(cls)[0].kwargs["BV"] == launch_choices._sequential_configs(cls)[0].kwargs["BV"]
