@@ -45,13 +45,21 @@ def config(num_warps: int, num_stages: int, **meta) -> triton.Config:
     return triton.Config(dict(meta), num_warps=num_warps, num_stages=num_stages)
 
 
-def per_class(configs_of: Callable[[tuple], list]) -> Callable[[tuple], tuple]:
-    """A launcher's configuration list, built once per shape class and kept as a tuple: the lists
-    were rebuilt at every launch, 24 `triton.Config`s per delta-rule forward, about a fifth of its
-    Python outside Triton's launches (this CPU, launches stubbed out, 2026-11-26). Only for lists
-    that depend on the shape class alone (not on a module switch a test may patch)."""
-    cached = functools.lru_cache(maxsize=None)(lambda shape_class: tuple(configs_of(shape_class)))
-    return functools.wraps(configs_of)(cached)
+def per_class(configs_of: Callable[..., list]) -> Callable[..., tuple]:
+    """A launcher's configuration list, built once per shape class (its arguments) and kept as a
+    tuple: the lists were rebuilt at every launch, 24 `triton.Config`s per delta-rule forward,
+    about a fifth of its Python outside Triton's launches (this CPU, launches stubbed out,
+    2026-11-26). Only for lists that depend on their arguments alone (not on a module switch a
+    test may patch). While torch.compile traces, the list is built afresh: Dynamo ignores an
+    lru_cache and warns that it does (once per compiled model, on the user's screen)."""
+    cached = functools.lru_cache(maxsize=None)(lambda *key: tuple(configs_of(*key)))
+
+    @functools.wraps(configs_of)
+    def configs(*key):
+        if torch.compiler.is_compiling():
+            return tuple(configs_of(*key))
+        return cached(*key)
+    return configs
 
 
 def _as_kwargs(cfg: triton.Config) -> dict:

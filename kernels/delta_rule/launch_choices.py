@@ -7,8 +7,6 @@ gpu/sweep_launch.py and the tests read every list in one place.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ltm.kernels import tuning
@@ -24,17 +22,20 @@ CHUNK = 64
 DEFAULT_SM_COUNT = 132
 
 
+# GPU index -> its SM count, asked once per GPU: `get_device_properties` took 17 us a call under
+# cProfile on the H100 host, twice per delta-rule forward
+_SM_COUNTS: dict[int, int] = {}
+
+
 def _sm_count(device: torch.device | None) -> int:
-    if device is not None and device.type == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return DEFAULT_SM_COUNT
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    # asked once per GPU: `get_device_properties` took 17 us a call under cProfile on the H100 host,
-    # twice per delta-rule forward
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    if device is None or device.type != "cuda":
+        return DEFAULT_SM_COUNT
+    if torch.compiler.is_compiling():  # Dynamo traces the call (and would guard on the dict)
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
 
 
 def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
@@ -144,7 +145,7 @@ def _prep_configs(shape_class: tuple) -> list:
     return _prep_configs_of(shape_class, _prep_persistent(shape_class))
 
 
-@functools.lru_cache(maxsize=None)
+@tuning.per_class
 def _prep_configs_of(shape_class: tuple, persistent: bool) -> tuple:
     if persistent:
         return (tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2))

@@ -148,19 +148,25 @@ def test_under_torch_compile(monkeypatch, backward):
     do = torch.randn(2, 1000, 8, 128, device=xs[0].device, dtype=torch.bfloat16)
 
     def op(q, k, v, beta, g, h0):
-        o, ht = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+        return triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+
+    def loss(o, ht):
         return (o.float() * do).sum() + ht.sum()
     launched = spy_on_launches(monkeypatch)
     with torch.set_grad_enabled(backward):
         eager = op(*xs)
-        grads = torch.autograd.grad(eager, xs) if backward else ()
+        grads = torch.autograd.grad(loss(*eager), xs) if backward else ()
     assert "delta_rule.fwd_overlapped" in launched
     monkeypatch.undo()  # the spy's list, appended to inside the autograd.Function, stops dynamo
     with torch.set_grad_enabled(backward):
         compiled = torch.compile(op, fullgraph=True)
         for _ in range(2):  # the second call reuses the graph: the counts must start from zero again
-            value = compiled(*xs)
-            assert rel_err(value, eager) < 1e-4
+            o, ht = compiled(*xs)
+            # the outputs, not a sum of them: the compiled kernel's bf16 outputs differ from the
+            # eager one's by one unit in the last place at a few elements (99 of 2,048,000, H100,
+            # Triton 3.6: Inductor compiles the kernel itself), and a sum of o * do cancels to
+            # ~1e-3 of its terms' magnitudes, which made that a 4.5e-4 relative difference
+            assert rel_err(o, eager[0]) < 1e-4 and rel_err(ht, eager[1]) < 1e-4
         if backward:
-            for grad, ref in zip(torch.autograd.grad(value, xs), grads):
+            for grad, ref in zip(torch.autograd.grad(loss(o, ht), xs), grads):
                 assert rel_err(grad, ref) < 1e-3

@@ -23,6 +23,10 @@ B, T, H, K, V = 2, 37, 3, 24, 20
 CHUNK_SIZE = 16
 # float32 against float32: the bound of the float32 comparisons in tests/ops and tests/kernels
 BOUND = 1e-4
+# fla's Triton kernels multiply float32 tiles in TF32 (a 10-bit mantissa): on an H100 (fla-core
+# 0.6.0, Triton 3.6) its outputs here were 1.18e-3 (delta rule) and 7.75e-4 (RWKV-7) off the token
+# loop's, so its bound is TF32's
+BOUNDS = {"fla": 3e-3}
 # the "fla" path's module and function per entry point (fla is optional; a stand-in is used)
 FLA = {"delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
        "rwkv7": ("fla.ops.rwkv7", "chunk_rwkv7")}
@@ -170,13 +174,14 @@ def test_every_kernel_agrees_with_the_reference(op):
                             output_final_state=True)
     o1_ref, s1_ref = step(*one_token(x).values(), h0, kernel="naive")
     for kernel in available_kernels():
+        bound = BOUNDS.get(kernel, BOUND)
         o, s = sequence(*x.values(), kernel=kernel, chunk_size=CHUNK_SIZE, initial_state=h0,
                         output_final_state=True)
-        assert rel_err(o, o_ref) <= BOUND, f"seed={seed}: {op} {kernel} o {rel_err(o, o_ref):.2e}"
-        assert rel_err(s, s_ref) <= BOUND, f"seed={seed}: {op} {kernel} state {rel_err(s, s_ref):.2e}"
+        assert rel_err(o, o_ref) <= bound, f"seed={seed}: {op} {kernel} o {rel_err(o, o_ref):.2e}"
+        assert rel_err(s, s_ref) <= bound, f"seed={seed}: {op} {kernel} state {rel_err(s, s_ref):.2e}"
         o1, s1 = step(*one_token(x).values(), h0, kernel=kernel)
-        assert rel_err(o1, o1_ref) <= BOUND, f"seed={seed}: {op} {kernel} one-token o"
-        assert rel_err(s1, s1_ref) <= BOUND, f"seed={seed}: {op} {kernel} one-token state"
+        assert rel_err(o1, o1_ref) <= bound, f"seed={seed}: {op} {kernel} one-token o"
+        assert rel_err(s1, s1_ref) <= bound, f"seed={seed}: {op} {kernel} one-token state"
 
 
 @pytest.mark.parametrize("op", ["delta_rule", "rwkv7"])
