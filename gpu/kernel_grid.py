@@ -59,7 +59,8 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernels import GRID_SHAPES, floor_ms, geomean, make_inputs, measure_ceilings  # noqa: E402
+from ltm.bench.kernel_grid import geomean  # noqa: E402
+from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
 
 # the grid's shapes, most informative first: the three (measured before), single long

@@ -221,7 +221,7 @@ def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None
 
 def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
     """Time over the floor against shape, ours and fla, one panel per op and pass (log x axis:
-    the ratios span 2x to 100x), from `ltm.bench.kernels.grid_table` rows (columns op, B, T, H, D,
+    the ratios span 2x to 100x), from `ltm.bench.kernel_grid.grid_table` rows (columns op, B, T, H, D,
     pass, ours_x_floor, fla_x_floor; with ours_x_floor_graph, ours from CUDA-graph GPU time as a
     ring). A shape where fla's point lies left of ours is one where fla wins; a filled point far
     right of its ring is one whose do_bench time was the host's."""

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import jupytext
@@ -24,6 +25,9 @@ from ltm.params import ParamsError
 KERNEL_NAME = "ltm"
 # errors whose message is meant for the user as it is; anything else is a bug and shows its type
 USER_ERRORS = {"ParamsError", "DataError", "TrainingDiverged"}
+# tqdm.auto (a library the benchmark stage imports uses it) warns in a kernel without ipywidgets,
+# naming the user's site-packages in the saved notebook; its text progress bars work as they are
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def enter_project_root(start: str | Path | None = None) -> Path:

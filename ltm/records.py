@@ -30,10 +30,10 @@ def latest_grid(folder: str | Path) -> list[dict]:
     table, op by op from the newest record that measured the op, by its "date" and then by file
     name (a later run replaces an earlier one whatever device its name gives, a cut part does not
     hide the part it did not reach): the rows of
-    `ltm.bench.kernels.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
+    `ltm.bench.kernel_grid.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
     the floor, x_fla = fla ms / ours ms; where the record has them, the same from CUDA-graph GPU
     times, `_graph_times`) with the device, commit and file of the measurement."""
-    from ltm.bench.kernels import grid_table
+    from ltm.bench.kernel_grid import grid_table
 
     latest: dict[str, tuple[Path, dict]] = {}
     records = read_records(folder, "rows", "kernel benchmark")

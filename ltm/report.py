@@ -22,7 +22,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ltm import compare
-from ltm.bench.kernels import grid_summary
+from ltm.bench.kernel_grid import grid_summary
 from ltm.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
                          latent_figure, loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import load_section, read_params

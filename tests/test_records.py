@@ -36,7 +36,7 @@ def _grid_record(ops_ms: dict, commit: str) -> dict:
 
 
 def test_latest_grid_takes_each_op_from_the_last_record_that_measured_it(tmp_path):
-    from ltm.bench.kernels import grid_summary
+    from ltm.bench.kernel_grid import grid_summary
     from ltm.records import latest_grid
     a, b = (1, 512, 2, 64), (4, 256, 8, 128)
     (tmp_path / "kernel-grid-1.json").write_text(json.dumps(_grid_record(
@@ -70,7 +70,7 @@ def test_latest_grid_orders_records_by_date_before_name(tmp_path):
 
 
 def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
-    from ltm.bench.kernels import grid_summary
+    from ltm.bench.kernel_grid import grid_summary
     from ltm.records import latest_grid
     (tmp_path / "g.json").write_text(json.dumps(_grid_record(
         {("gated_delta_rule", (1, 512, 2, 64)): (1.0, None)}, "c")))
@@ -80,7 +80,7 @@ def test_a_grid_op_without_fla_times_has_no_ratio(tmp_path):
 
 
 def test_latest_grid_gives_the_cuda_graph_times_beside_do_bench(tmp_path):
-    from ltm.bench.kernels import grid_summary
+    from ltm.bench.kernel_grid import grid_summary
     from ltm.records import latest_grid
     a, b = (1, 512, 2, 64), (4, 256, 8, 128)
     record = _grid_record({("delta_rule", a): (2.0, 3.0), ("delta_rule", b): (1.0, 1.5)}, "g")

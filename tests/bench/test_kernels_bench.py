@@ -77,25 +77,6 @@ def test_fla_ratio_is_fla_time_over_ours_for_the_same_case():
     assert [r["x_fla"] for r in rows] == [0.5, 1.0, None]
 
 
-def test_grid_covers_the_issue_ranges_and_its_table_pairs_ours_with_fla():
-    from ltm.bench.kernels import GRID_SHAPES, RWKV7_GRID_SHAPES, format_grid, grid_table
-    for B, T, H, D in GRID_SHAPES + RWKV7_GRID_SHAPES:
-        assert 8192 <= B * T <= 65536 and 512 <= T <= 32768 and 4 <= H <= 32 and D in (64, 128)
-    assert {D for *_, D in GRID_SHAPES} == {64, 128} and any(B == 1 and T == 32768 for B, T, _, _ in GRID_SHAPES)
-    base = {"op": "delta_rule", "B": 1, "T": 512, "H": 4, "D": 64, "pass": "fwd", "floor_ms": 0.5}
-    rows = [dict(base, impl="triton", ms=2.0, x_floor=4.0), dict(base, impl="fla", ms=3.0, x_floor=6.0),
-            dict(base, impl="sdpa", ms=1.0, x_floor=2.0),
-            dict(base, impl="triton", ms=4.0, x_floor=8.0, **{"pass": "fwd+bwd"}),
-            dict(base, impl="fla", ms=None, x_floor=None, error="refused", **{"pass": "fwd+bwd"})]
-    table = grid_table(rows)
-    assert len(table) == 2
-    fwd, fb = table
-    assert fwd["x_fla"] == pytest.approx(1.5) and fwd["ours_x_floor"] == 4.0 and fwd["fla_x_floor"] == 6.0
-    assert fb["x_fla"] is None and fb["fla_error"] == "refused"
-    text = format_grid(table)
-    assert "geometric mean x_fla 1.50, worst 1.50 at 1,512,4,64" in text
-
-
 def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
     import pandas as pd
 
