@@ -53,7 +53,8 @@ from ltm.hardware import peak_flops  # noqa: E402
 from ltm.levers import resolve_data, score_ttt  # noqa: E402
 from ltm.model import LTM, ModelConfig  # noqa: E402
 from ltm.params import apply_override, from_mapping, read_params  # noqa: E402
-from ltm.train import TrainConfig, Trainer, run_training  # noqa: E402
+from ltm.train_config import TrainConfig  # noqa: E402
+from ltm.trainer import Trainer, run_training  # noqa: E402
 
 PARTS = ("kernels", "baseline", "ablate", "ttt", "deltanet")
 TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "model.n_heads=2",

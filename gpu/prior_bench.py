@@ -40,7 +40,8 @@ from ltm.model import ModelConfig  # noqa: E402
 from ltm.params import from_mapping  # noqa: E402
 from ltm.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig  # noqa: E402
 from ltm.prior_train import fit_posteriors, posterior_set, train_prior  # noqa: E402
-from ltm.train import TrainConfig, run_training  # noqa: E402
+from ltm.train_config import TrainConfig  # noqa: E402
+from ltm.trainer import run_training  # noqa: E402
 
 SIZES = {  # (model, train, prior, bench) overrides
     "gpu": (dict(vocab_size=50304, n_layers=12, d_model=768, n_heads=12, d_ff=2048,

@@ -37,7 +37,8 @@ from ltm.model import ModelConfig
 from ltm.params import ParamsError, apply_override, check, from_mapping, load_section, read_params
 from ltm.ablate_measure import Measurement, make_row, measure, verdict
 from ltm.profile import Runner, StepTimer, fits, profile_runner, real_step_timer
-from ltm.train import TrainConfig, TrainingDiverged, run_training
+from ltm.train_config import TrainConfig, TrainingDiverged
+from ltm.trainer import run_training
 
 # sections a switch may change
 SWITCHABLE = ("model", "train")

@@ -26,7 +26,7 @@ from ltm.params import check
 
 if TYPE_CHECKING:
     from ltm.model import ModelConfig
-    from ltm.train import TrainConfig, TrainResult
+    from ltm.train_config import TrainConfig, TrainResult
 
 # checkpoint subfolders of checkpoint_dir, and the names of the models in the comparison
 LATENT, PLAIN, PLAIN_FLOPS = "latent", "plain", "plain-equal-flops"
@@ -144,7 +144,7 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
     `counterparts` (each counterpart's metrics), and `compared` holds every model's loss curve
     (history rows with a `model` key)."""
     from ltm.batches import with_vocab
-    from ltm.train import run_training
+    from ltm.trainer import run_training
 
     cp, out_dir = cfg.counterpart, Path(out_dir)
     main = run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)

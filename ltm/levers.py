@@ -1,4 +1,4 @@
-"""The train stage's newer speed levers, each a switch of `train` or `train.opt` (ltm.train):
+"""The train stage's newer speed levers, each a switch of `train` or `train.opt` (ltm.train_config):
 
 - `train.optimizer: muon`: torch.optim.Muon (orthogonalised momentum, torch >= 2.9) on the hidden
   2-D weights, AdamW on the embedding / tied head and on every 1-D parameter (norms), one object

@@ -20,7 +20,6 @@ what an untrained prior samples; the network learns only what the fit misses.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,8 +250,7 @@ def sample_with(eps_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     x = torch.randn(shape, generator=generator).to(device) * scheduler.init_noise_sigma
     for t in scheduler.timesteps:
         out = eps_model(x, t.expand(shape[0]))
-        if sampler == "ddpm":  # its variance noise, from the same generator
-            noise = torch.randn(shape, generator=generator).to(device)
+        if sampler == "ddpm":  # its variance noise, drawn by the scheduler from the same generator
             x = scheduler.step(out, t, x, generator=generator).prev_sample
         else:
             x = scheduler.step(out, t, x).prev_sample

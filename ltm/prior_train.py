@@ -332,7 +332,7 @@ def prior_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_pat
     model the stage trained, in checkpoint_dir/prior; its metrics to metrics_path (also when it
     is skipped: a stage output). Paths come from dvc.yaml."""
     from ltm.params import load_section
-    from ltm.train import load_configs
+    from ltm.train_config import load_configs
 
     cfg = load_section(PriorConfig, "prior", params_path)
     model_cfg, train_cfg, cache_dir = load_configs(params_path)

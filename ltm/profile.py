@@ -1,4 +1,4 @@
-"""Measuring one configuration for the ablate stage: a Trainer of ltm.train started from the
+"""Measuring one configuration for the ablate stage: a Trainer of ltm.trainer started from the
 baseline's checkpoint, its step time, the quality score on a fixed validation set, the peak
 memory of a step, and a per-operation profile grouped by what the time is spent on.
 
@@ -21,7 +21,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ltm.batches import open_source
 from ltm.levers import MuonAdamW, optimizer_parts
 from ltm.model import LTM, ModelConfig
-from ltm.train import Trainer, TrainConfig, evaluate, seed_everything
+from ltm.train_config import TrainConfig, seed_everything
+from ltm.trainer import Trainer, evaluate
 
 # the groups of the profile, in the order the figure stacks them
 GROUPS = ("embeddings", "projections", "convolution", "token mixer kernel", "cross-attention",

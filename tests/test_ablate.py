@@ -12,7 +12,8 @@ from ltm.cache import DataConfig, build_cache
 from ltm.figures import ablate_figure, profile_figure
 from ltm.params import ParamsError, from_mapping
 from ltm.profile import GROUPS
-from ltm.train import run_training, load_configs
+from ltm.train_config import load_configs
+from ltm.trainer import run_training
 
 SECTIONS = {"model": {"mixer": "attention", "kernel": "torch"}, "train": {"opt": {"amp": "off"}}}
 TINY = {"model": {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_seq_len": 32},

@@ -9,7 +9,7 @@ from ltm.latent import (LatentConfig, PosteriorFitter, decoder_fitter, gaussian_
 from ltm.losses import IGNORE_INDEX, LossModel
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping
-from ltm.train import TrainConfig
+from ltm.train_config import TrainConfig
 
 
 # one intra-op thread (tests/conftest.py)

@@ -11,7 +11,7 @@ from ltm.levers import (MuonAdamW, convert_fp8, fp8_filter, fp8_ready, make_muon
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError
 from ltm.profile import restore_schedule
-from ltm.train import TrainConfig, make_optimizer
+from ltm.train_config import TrainConfig, make_optimizer
 
 
 def tiny_model(n_latent: int = 0) -> LTM:

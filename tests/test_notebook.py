@@ -44,7 +44,7 @@ def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 DIVERGED = '''# %%
-from ltm.train import TrainingDiverged
+from ltm.train_config import TrainingDiverged
 raise TrainingDiverged("train loss is nan at step 3: stopped; no checkpoint was written")
 '''
 

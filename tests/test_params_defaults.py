@@ -15,7 +15,7 @@ from ltm.model import ModelConfig
 from ltm.prior import PriorConfig
 from ltm.report import ReportConfig
 from ltm.samples import SamplesConfig
-from ltm.train import TrainConfig
+from ltm.train_config import TrainConfig
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig,

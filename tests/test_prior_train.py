@@ -13,7 +13,7 @@ from ltm.prior import PRIOR_FILE, PriorConfig
 from ltm.params import ParamsError
 from ltm.prior_train import (PriorTrainer, model_dirs, normalisation, principal_whitening,
                               train_prior)
-from ltm.train import TrainConfig
+from ltm.train_config import TrainConfig
 
 
 # one intra-op thread (tests/conftest.py)

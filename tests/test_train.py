@@ -15,13 +15,15 @@ import yaml
 
 from ltm import checkpoint as ckpt
 from ltm import train as train_module
+from ltm import trainer as trainer_module
 from ltm.cache import DataConfig, build_cache
 from ltm.corpus import DataError
 from ltm.latent import LatentConfig
 from ltm.model import ModelConfig
-from ltm.params import ParamsError, from_mapping
-from ltm.train import (OptConfig, TrainConfig, Trainer, TrainingDiverged, lr_factor,
-                       resolve_switches, run_training, train_stage)
+from ltm.params import ParamsError
+from ltm.train import train_stage
+from ltm.train_config import OptConfig, TrainConfig, TrainingDiverged
+from ltm.trainer import Trainer, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,38 +88,6 @@ def cli(params: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ltm.train", "--params", str(params), "--out-dir", str(out / "ckpt"),
             "--metrics", str(out / "train.json"), "--plot", str(out / "loss.csv"), "--no-progress",
             *extra]
-
-
-def test_config_errors_are_one_line():
-    with pytest.raises(ParamsError, match=r"^train.opt.amp: expected 'auto' or 'off'"):
-        from_mapping(TrainConfig, {"opt": {"amp": "fp8"}}, "train")
-    with pytest.raises(ParamsError, match=r"^train.stepz: unknown parameter \(did you mean 'steps'"):
-        from_mapping(TrainConfig, {"stepz": 3}, "train")
-    with pytest.raises(ParamsError, match=r"^train.batch_size: expected int or 'auto'"):
-        from_mapping(TrainConfig, {"batch_size": "big"}, "train")
-    with pytest.raises(ParamsError, match=r"^train.min_lr: must be in"):
-        from_mapping(TrainConfig, {"lr": 1e-3, "min_lr": 1e-2}, "train")
-    assert from_mapping(TrainConfig, {"batch_size": "auto", "opt": {"tf32": True}}, "train").opt.tf32
-
-
-def test_auto_switches_are_off_on_the_cpu_and_on_for_cuda():
-    cpu = resolve_switches(OptConfig(), torch.device("cpu"))
-    assert (cpu.amp, cpu.compile, cpu.fused_loss, cpu.pin_memory) == ("off", False, False, False)
-    cuda = resolve_switches(OptConfig(pin_memory=True), torch.device("cuda"))
-    assert (cuda.amp, cuda.tf32, cuda.compile, cuda.fused_adamw, cuda.pin_memory) == \
-        ("bf16", True, True, True, True)
-    # measured slower on a GPU: opt-in only
-    assert not cuda.fused_loss
-    assert not resolve_switches(OptConfig(pin_memory=True), torch.device("cpu")).pin_memory
-
-
-def test_lr_warms_up_linearly_then_decays_to_min_lr():
-    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1.0, min_lr=0.1)
-    factors = [lr_factor(step, cfg) for step in range(101)]
-    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
-    assert factors[10] == pytest.approx(1.0) and factors[100] == pytest.approx(0.1)
-    assert factors[55] == pytest.approx(0.55)
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
 
 
 def test_a_short_run_learns_and_writes_metrics_and_curves(cache_dir, tmp_path):
@@ -415,7 +385,7 @@ def test_lengths_are_checked_before_the_model_is_built(cache_dir, tmp_path, monk
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built before the configuration was checked")
 
-    monkeypatch.setattr(train_module, "LTM", no_model)
+    monkeypatch.setattr(trainer_module, "LTM", no_model)
     model_cfg, cfg = tiny(seq_len=64)
     with pytest.raises(ParamsError) as err:
         run_training(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
@@ -559,21 +529,6 @@ def test_counterparts_off_train_the_configured_model_alone(cache_dir, tmp_path):
 
 
 # --- the levers of ltm.levers / ltm.fused in the training loop ------------------------------
-
-def test_new_switches_are_off_by_default_and_checked():
-    cpu = resolve_switches(OptConfig(), torch.device("cpu"))
-    assert (cpu.compile_mode, cpu.fp8, cpu.fused_ops) == ("default", False, ())
-    cfg = TrainConfig()
-    assert (cfg.optimizer, cfg.target_loss) == ("adamw", None)
-    with pytest.raises(ParamsError, match=r"^train.opt.fused_ops: unknown \['layernorm'\]"):
-        from_mapping(TrainConfig, {"opt": {"fused_ops": ["layernorm"]}}, "train")
-    with pytest.raises(ParamsError, match=r"^train.optimizer: expected 'adamw' or 'muon'"):
-        from_mapping(TrainConfig, {"optimizer": "lion"}, "train")
-    with pytest.raises(ParamsError, match=r"^train.muon_lr: must be > 0"):
-        from_mapping(TrainConfig, {"muon_lr": 0}, "train")
-    with pytest.raises(ParamsError, match=r"^train.opt.compile_mode: expected"):
-        from_mapping(TrainConfig, {"opt": {"compile_mode": "fast"}}, "train")
-
 
 def test_fp8_on_the_cpu_is_a_one_line_error(cache_dir, tmp_path):
     model_cfg, cfg = tiny(opt={"fp8": True})
