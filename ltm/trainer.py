@@ -21,7 +21,7 @@ from ltm import checkpoint as ckpt
 from ltm.batches import MicroBatches, check_data, check_lengths, open_source, with_vocab
 from ltm.hardware import (allow_recompiles, autocast, find_batch_size, peak_flops, peak_memory,
                           setup_distributed)
-from ltm.latent import validation_metrics
+from ltm.latent_eval import validation_metrics
 from ltm.levers import convert_fp8, resolve_data, time_to_target
 from ltm.losses import LossModel
 from ltm.model import LTM, ModelConfig
