@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ltm.config import ModelConfig
-from ltm.generate import Decoder, Sampling
+from ltm.decoder import Decoder, Sampling
 from ltm.mixers import DeltaNet
 from ltm.model import LTM
 from ltm.params import ParamsError

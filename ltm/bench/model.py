@@ -19,7 +19,8 @@ from typing import Callable
 
 import torch
 
-from ltm.generate import Decoder, Sampling, quantization_loss_delta, quantize_model
+from ltm.decoder import Decoder, Sampling
+from ltm.generate import quantization_loss_delta, quantize_model
 from ltm.mixers import make_mixer
 from ltm.model import LTM, ModelConfig
 

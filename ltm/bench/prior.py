@@ -225,7 +225,7 @@ def _distances(z: torch.Tensor, setup: _Setup) -> dict:
 def _text(cfg: PriorBench, model, plain, bos: int, z, device) -> tuple[dict, torch.Tensor, float]:
     """(text metrics, tokens (N, new_tokens), seconds of the generation) from `model` with z.
     The static decoder is built (on a GPU: its CUDA graph captured) before the clock starts."""
-    from ltm.generate import Decoder, Sampling
+    from ltm.decoder import Decoder, Sampling
 
     torch.manual_seed(cfg.seed)
     decoder = Decoder(model, cfg.samples, cfg.new_tokens, Sampling(cfg.temperature, cfg.top_k), z)
