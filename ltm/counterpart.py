@@ -135,6 +135,33 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
     return {"model": name, "note": note, **{k: m[k] for k in keys if k in m}}
 
 
+def _equal_flops_counterpart(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str, out_dir: Path,
+                             progress: bool, say, runs: dict) -> tuple[dict, int | None]:
+    """The plain model trained for the latent model's training FLOPs (added to `runs`), or why not
+    (over train.counterpart.max_equal_flops_steps): its comparison row and its steps (None)."""
+    from ltm.trainer import run_training
+
+    cp = cfg.counterpart
+    latent_result, latent_flops = runs[LATENT][1], runs[LATENT][2]
+    plain_flops = runs[PLAIN][2]
+    budget = latent_flops * latent_result.metrics["steps"] * latent_result.metrics["tokens_per_step"]
+    steps = math.ceil(budget / (plain_flops * runs[PLAIN][1].metrics["tokens_per_step"]))
+    role = "counterpart: equal FLOPs"
+    if steps > cp.max_equal_flops_steps:
+        why = (f"skipped: over the cap (needs {steps} steps for the latent model's "
+               f"{budget:.3g} training FLOPs; train.counterpart.max_equal_flops_steps is "
+               f"{cp.max_equal_flops_steps})")
+        say(f"plain model at equal training FLOPs {why}")
+        return _skipped(PLAIN_FLOPS, role, why), None
+    plain_train = dataclasses.replace(_normalised(cfg), steps=steps)
+    say(f"counterpart (plain, equal training FLOPs: {steps} steps) in "
+        f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}")
+    result = run_training(dataclasses.replace(model_cfg, n_latent=0), plain_train, cache_dir,
+                          str(out_dir / SUBFOLDERS[PLAIN_FLOPS]), progress)
+    runs[PLAIN_FLOPS] = (role, result, plain_flops)
+    return _row(PLAIN_FLOPS, role, result, plain_flops), steps
+
+
 def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
                             out_dir: str | Path, progress: bool = True,
                             say=print) -> TrainResult:
@@ -174,37 +201,19 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
                    flops_of(dataclasses.replace(resolved, n_latent=other_cfg.n_latent),
                             cfg.seq_len, other_inner))
 
-    latent_result, latent_flops = runs[LATENT][1], runs[LATENT][2]
     curve_batches = (cfg.latent if latent_main else other_train.latent).eval_batches
-    plain_flops = runs[PLAIN][2]
     rows = [_row(name, role, res, flops) for name, (role, res, flops) in runs.items()]
     extra: dict = {}
     if cp.equal_flops:
-        budget = latent_flops * latent_result.metrics["steps"] * latent_result.metrics["tokens_per_step"]
-        tokens_per_step = runs[PLAIN][1].metrics["tokens_per_step"]
-        steps = math.ceil(budget / (plain_flops * tokens_per_step))
-        role = "counterpart: equal FLOPs"
-        if steps > cp.max_equal_flops_steps:
-            why = (f"skipped: over the cap (needs {steps} steps for the latent model's "
-                   f"{budget:.3g} training FLOPs; train.counterpart.max_equal_flops_steps is "
-                   f"{cp.max_equal_flops_steps})")
-            say(f"plain model at equal training FLOPs {why}")
-            rows.append(_skipped(PLAIN_FLOPS, role, why))
-        else:
-            plain_train = dataclasses.replace(_normalised(cfg), steps=steps)
-            say(f"counterpart (plain, equal training FLOPs: {steps} steps) in "
-                f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}")
-            flops_result = run_training(dataclasses.replace(model_cfg, n_latent=0), plain_train,
-                                        cache_dir, str(out_dir / SUBFOLDERS[PLAIN_FLOPS]),
-                                        progress)
-            runs[PLAIN_FLOPS] = (role, flops_result, plain_flops)
-            rows.append(_row(PLAIN_FLOPS, role, flops_result, plain_flops))
+        row, steps = _equal_flops_counterpart(model_cfg, cfg, cache_dir, out_dir, progress, say, runs)
+        rows.append(row)
+        if steps is not None:
             extra["equal_flops_steps"] = steps
 
     compared = [dict(r, model=name) for name, (_, res, _) in runs.items() for r in res.history]
     metrics = dict(main.metrics)
     metrics["comparison"] = rows
-    metrics["latent_model"] = _latent_summary(LATENT, latent_result, cfg.latent.steps,
+    metrics["latent_model"] = _latent_summary(LATENT, runs[LATENT][1], cfg.latent.steps,
                                               curve_batches)
     metrics["counterparts"] = {name: res.metrics for name, (role, res, _) in runs.items()
                                if role != "configured"}
