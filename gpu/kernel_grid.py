@@ -59,7 +59,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ltm.bench.kernel_grid import geomean  # noqa: E402
+from ltm.bench.kernel_grid import as_bench_rows, format_run, run_summary  # noqa: E402
 from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
 
@@ -330,115 +330,15 @@ def decode_rows(ceilings, deadline, emit) -> None:
             emit(row)
 
 
-def bench_rows(rows: list) -> list:
-    """The grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
-    and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
-    kernel history (`ltm.records.recorded_kernel_rows`) reads these files too."""
-    out = []
-    for r in rows:
-        if r.get("section") != "grid" or "skipped" in r:
-            continue
-        B, T, H, D = r["shape"]
-        for name, impl in (("ours", "triton"), ("fla", "fla")):
-            for p, pass_ in (("fwd", "fwd"), ("fb", "fwd+bwd")):
-                ms = r.get(f"{name}_{p}")
-                row = {"op": r["op"], "impl": impl, "B": B, "T": T, "H": H, "D": D,
-                       "dtype": "bfloat16", "pass": pass_, "ms": ms, "floor_ms": r[f"floor_{p}"],
-                       "x_floor": ms / r[f"floor_{p}"] if ms else None,
-                       "x_fla": (r.get(f"fla_{p}") / ms) if ms and r.get(f"fla_{p}") else None,
-                       "first_s": r.get(f"{name}_{p}_first_s")}
-                if ms is None:
-                    row["error"] = r.get(f"{name}_{p}_error") or r.get(f"{name}_error")
-                out.append(row)
-    return out
-
-
 def record(env: dict, ceilings: dict, rows: list, elapsed: float) -> dict:
     """The JSON written: the environment, "rows" in ltm.bench.kernels' format, the grid rows as
     measured (with errors against fla and our tuned configurations), the decode steps, and every
     tuned class with the timing of each configuration (`ltm.kernels.tuning.chosen`)."""
-    return {**env, "ceilings": ceilings, "elapsed_s": elapsed, "summary": summary(rows),
-            "rows": bench_rows(rows),
+    return {**env, "ceilings": ceilings, "elapsed_s": elapsed, "summary": run_summary(rows),
+            "rows": as_bench_rows(rows),
             "grid": [r for r in rows if r.get("section") == "grid"],
             "decode": [r for r in rows if r.get("section") == "decode"],
             "tuning": tuning.chosen()}
-
-
-def summary(rows: list) -> dict:
-    """Per op and pass over the grid rows that have them: geometric mean and worst x_fla (with its
-    shape), the worst ratio to the floor, and the geometric mean of what tuning bought."""
-    out = {}
-    grid = [r for r in rows if r.get("section") == "grid" and "skipped" not in r]
-    for op in sorted({r["op"] for r in grid}):
-        for p in ("fwd", "fb"):
-            mine = [r for r in grid if r["op"] == op]
-            pairs = [(r[f"x_fla_{p}"], r["shape"]) for r in mine if r.get(f"x_fla_{p}")]
-            entry = {"n": len(pairs)}
-            if pairs:
-                worst = min(pairs)
-                entry.update(geomean_x_fla=geomean([v for v, _ in pairs]), worst_x_fla=worst[0],
-                             worst_shape=worst[1])
-            floors = [(r[f"x_floor_{p}"], r["shape"]) for r in mine if r.get(f"x_floor_{p}")]
-            if floors:
-                entry["worst_x_floor"], entry["worst_floor_shape"] = max(floors)
-            graphed = [(r[f"x_fla_{p}_graph"], r["shape"]) for r in mine if r.get(f"x_fla_{p}_graph")]
-            if graphed:
-                worst = min(graphed)
-                entry.update(geomean_x_fla_graph=geomean([v for v, _ in graphed]),
-                             worst_x_fla_graph=worst[0], worst_shape_graph=worst[1])
-            gains = [r[f"tuned_gain_{p}"] for r in mine if r.get(f"tuned_gain_{p}")]
-            if gains:
-                entry["geomean_tuned_gain"], entry["min_tuned_gain"] = geomean(gains), min(gains)
-            out[f"{op}_{p}"] = entry
-    return out
-
-
-def fmt(v, spec=".3f"):
-    return format(v, spec) if isinstance(v, (int, float)) else "-"
-
-
-def table(rows: list) -> str:
-    lines = [f"{'op':17} {'B,T,H,D':16} {'ours fwd':>9} {'fla fwd':>8} {'x_fla':>6} {'ours fb':>8} "
-             f"{'fla fb':>8} {'x_fla':>6} {'x_floor f/fb':>12} {'tuned gain':>10}"]
-    for r in rows:
-        if r.get("section") != "grid" or "skipped" in r:
-            continue
-        lines.append(f"{r['op']:17} {','.join(map(str, r['shape'])):16} {fmt(r.get('ours_fwd')):>9} "
-                     f"{fmt(r.get('fla_fwd')):>8} {fmt(r.get('x_fla_fwd'), '.2f'):>6} "
-                     f"{fmt(r.get('ours_fb')):>8} {fmt(r.get('fla_fb')):>8} "
-                     f"{fmt(r.get('x_fla_fb'), '.2f'):>6} "
-                     f"{fmt(r.get('x_floor_fwd'), '.1f') + '/' + fmt(r.get('x_floor_fb'), '.1f'):>12} "
-                     f"{fmt(r.get('tuned_gain_fb'), '.2f'):>10}")
-    skipped = [r for r in rows if r.get("section") == "grid" and "skipped" in r]
-    if skipped:
-        lines.append(f"skipped (budget): {len(skipped)} (op, shape) pairs")
-    dec = [r for r in rows if r.get("section") == "decode" and "op" in r]
-    if dec:
-        lines.append("decode step (ms): triton / torch, floor")
-        for r in dec:
-            lines.append(f"  {r['op']:17} B={r['B']:<3} H={r['H']:<3} D={r['D']:<4} "
-                         f"{fmt(r.get('triton_ms'), '.4f')} / {fmt(r.get('torch_ms'), '.4f')} "
-                         f"x{fmt(r.get('speedup'), '.1f')} floor {fmt(r.get('floor_ms'), '.4f')}")
-    for key, s in summary(rows).items():
-        if s["n"]:
-            lines.append(f"{key}: {s['n']} shapes, geomean x_fla {s['geomean_x_fla']:.2f}, worst "
-                         f"{s['worst_x_fla']:.2f} at {','.join(map(str, s['worst_shape']))}; worst "
-                         f"x_floor {fmt(s.get('worst_x_floor'), '.1f')}; tuned gain geomean "
-                         f"{fmt(s.get('geomean_tuned_gain'), '.2f')} (min {fmt(s.get('min_tuned_gain'), '.2f')})")
-            if "geomean_x_fla_graph" in s:
-                lines.append(f"{key} (CUDA graph, GPU time): geomean x_fla {s['geomean_x_fla_graph']:.2f}, "
-                             f"worst {s['worst_x_fla_graph']:.2f} at "
-                             f"{','.join(map(str, s['worst_shape_graph']))}")
-    graphed = [r for r in rows if r.get("section") == "grid" and r.get("ours_fwd_graph")]
-    if graphed:
-        lines.append("CUDA graph ms (ours / fla, x_fla; fwd, fb), x_floor fwd:")
-        for r in graphed:
-            lines.append(f"  {r['op']:17} {','.join(map(str, r['shape'])):16} "
-                         f"{fmt(r.get('ours_fwd_graph'))} / {fmt(r.get('fla_fwd_graph'))} "
-                         f"x{fmt(r.get('x_fla_fwd_graph'), '.2f')}  {fmt(r.get('ours_fb_graph'))} / "
-                         f"{fmt(r.get('fla_fb_graph'))} x{fmt(r.get('x_fla_fb_graph'), '.2f')}  "
-                         f"{fmt(r.get('x_floor_fwd_graph'), '.1f')}")
-    return "\n".join(lines)
 
 
 def environment(commit: str | None) -> dict:
@@ -541,7 +441,7 @@ def main(argv=None) -> None:
     if "decode" in ops:
         decode_rows(ceilings, deadline, emit)
     emit({"section": "done", "elapsed_s": time.time() - start})
-    print(table(rows))
+    print(format_run(rows))
     print(f"wrote {path}")
 
 

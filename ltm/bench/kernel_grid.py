@@ -1,6 +1,8 @@
 """The kernel grid's tables (gpu/kernel_grid.py measures the grid; `ltm.records` reads its
 records for the report): ours and fla side by side per op, shape and pass, their text form, and
-per op and pass the geometric mean and the worst ratio to fla, with the worst shape.
+per op and pass the geometric mean and the worst ratio to fla, with the worst shape; and what
+gpu/kernel_grid.py writes from its measured rows (their summary, their text, the rows in
+`ltm.bench.kernels`' format).
 """
 from __future__ import annotations
 
@@ -76,5 +78,106 @@ def grid_summary(table: list[dict]) -> list[dict]:
 
 
 def geomean(values: list[float]) -> float:
-    """The geometric mean of positive values (the grid's ratios; gpu/kernel_grid.py too)."""
+    """The geometric mean of positive values (the grid's ratios)."""
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def as_bench_rows(rows: list) -> list:
+    """gpu/kernel_grid.py's grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
+    and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
+    kernel history (`ltm.records.recorded_kernel_rows`) reads these files too."""
+    out = []
+    for r in rows:
+        if r.get("section") != "grid" or "skipped" in r:
+            continue
+        B, T, H, D = r["shape"]
+        for name, impl in (("ours", "triton"), ("fla", "fla")):
+            for p, pass_ in (("fwd", "fwd"), ("fb", "fwd+bwd")):
+                ms = r.get(f"{name}_{p}")
+                row = {"op": r["op"], "impl": impl, "B": B, "T": T, "H": H, "D": D,
+                       "dtype": "bfloat16", "pass": pass_, "ms": ms, "floor_ms": r[f"floor_{p}"],
+                       "x_floor": ms / r[f"floor_{p}"] if ms else None,
+                       "x_fla": (r.get(f"fla_{p}") / ms) if ms and r.get(f"fla_{p}") else None,
+                       "first_s": r.get(f"{name}_{p}_first_s")}
+                if ms is None:
+                    row["error"] = r.get(f"{name}_{p}_error") or r.get(f"{name}_error")
+                out.append(row)
+    return out
+
+
+def run_summary(rows: list) -> dict:
+    """Per op and pass over gpu/kernel_grid.py's grid rows that have them: geometric mean and worst x_fla (with its
+    shape), the worst ratio to the floor, and the geometric mean of what tuning bought."""
+    out = {}
+    grid = [r for r in rows if r.get("section") == "grid" and "skipped" not in r]
+    for op in sorted({r["op"] for r in grid}):
+        for p in ("fwd", "fb"):
+            mine = [r for r in grid if r["op"] == op]
+            pairs = [(r[f"x_fla_{p}"], r["shape"]) for r in mine if r.get(f"x_fla_{p}")]
+            entry = {"n": len(pairs)}
+            if pairs:
+                worst = min(pairs)
+                entry.update(geomean_x_fla=geomean([v for v, _ in pairs]), worst_x_fla=worst[0],
+                             worst_shape=worst[1])
+            floors = [(r[f"x_floor_{p}"], r["shape"]) for r in mine if r.get(f"x_floor_{p}")]
+            if floors:
+                entry["worst_x_floor"], entry["worst_floor_shape"] = max(floors)
+            graphed = [(r[f"x_fla_{p}_graph"], r["shape"]) for r in mine if r.get(f"x_fla_{p}_graph")]
+            if graphed:
+                worst = min(graphed)
+                entry.update(geomean_x_fla_graph=geomean([v for v, _ in graphed]),
+                             worst_x_fla_graph=worst[0], worst_shape_graph=worst[1])
+            gains = [r[f"tuned_gain_{p}"] for r in mine if r.get(f"tuned_gain_{p}")]
+            if gains:
+                entry["geomean_tuned_gain"], entry["min_tuned_gain"] = geomean(gains), min(gains)
+            out[f"{op}_{p}"] = entry
+    return out
+
+
+def _fmt(v, spec: str = ".3f") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def format_run(rows: list) -> str:
+    """gpu/kernel_grid.py's rows as text: the grid, the decode steps, the summary, the CUDA-graph times."""
+    lines = [f"{'op':17} {'B,T,H,D':16} {'ours fwd':>9} {'fla fwd':>8} {'x_fla':>6} {'ours fb':>8} "
+             f"{'fla fb':>8} {'x_fla':>6} {'x_floor f/fb':>12} {'tuned gain':>10}"]
+    for r in rows:
+        if r.get("section") != "grid" or "skipped" in r:
+            continue
+        lines.append(f"{r['op']:17} {','.join(map(str, r['shape'])):16} {_fmt(r.get('ours_fwd')):>9} "
+                     f"{_fmt(r.get('fla_fwd')):>8} {_fmt(r.get('x_fla_fwd'), '.2f'):>6} "
+                     f"{_fmt(r.get('ours_fb')):>8} {_fmt(r.get('fla_fb')):>8} "
+                     f"{_fmt(r.get('x_fla_fb'), '.2f'):>6} "
+                     f"{_fmt(r.get('x_floor_fwd'), '.1f') + '/' + _fmt(r.get('x_floor_fb'), '.1f'):>12} "
+                     f"{_fmt(r.get('tuned_gain_fb'), '.2f'):>10}")
+    skipped = [r for r in rows if r.get("section") == "grid" and "skipped" in r]
+    if skipped:
+        lines.append(f"skipped (budget): {len(skipped)} (op, shape) pairs")
+    dec = [r for r in rows if r.get("section") == "decode" and "op" in r]
+    if dec:
+        lines.append("decode step (ms): triton / torch, floor")
+        for r in dec:
+            lines.append(f"  {r['op']:17} B={r['B']:<3} H={r['H']:<3} D={r['D']:<4} "
+                         f"{_fmt(r.get('triton_ms'), '.4f')} / {_fmt(r.get('torch_ms'), '.4f')} "
+                         f"x{_fmt(r.get('speedup'), '.1f')} floor {_fmt(r.get('floor_ms'), '.4f')}")
+    for key, s in run_summary(rows).items():
+        if s["n"]:
+            lines.append(f"{key}: {s['n']} shapes, geomean x_fla {s['geomean_x_fla']:.2f}, worst "
+                         f"{s['worst_x_fla']:.2f} at {','.join(map(str, s['worst_shape']))}; worst "
+                         f"x_floor {_fmt(s.get('worst_x_floor'), '.1f')}; tuned gain geomean "
+                         f"{_fmt(s.get('geomean_tuned_gain'), '.2f')} (min {_fmt(s.get('min_tuned_gain'), '.2f')})")
+            if "geomean_x_fla_graph" in s:
+                lines.append(f"{key} (CUDA graph, GPU time): geomean x_fla {s['geomean_x_fla_graph']:.2f}, "
+                             f"worst {s['worst_x_fla_graph']:.2f} at "
+                             f"{','.join(map(str, s['worst_shape_graph']))}")
+    graphed = [r for r in rows if r.get("section") == "grid" and r.get("ours_fwd_graph")]
+    if graphed:
+        lines.append("CUDA graph ms (ours / fla, x_fla; fwd, fb), x_floor fwd:")
+        for r in graphed:
+            lines.append(f"  {r['op']:17} {','.join(map(str, r['shape'])):16} "
+                         f"{_fmt(r.get('ours_fwd_graph'))} / {_fmt(r.get('fla_fwd_graph'))} "
+                         f"x{_fmt(r.get('x_fla_fwd_graph'), '.2f')}  {_fmt(r.get('ours_fb_graph'))} / "
+                         f"{_fmt(r.get('fla_fb_graph'))} x{_fmt(r.get('x_fla_fb_graph'), '.2f')}  "
+                         f"{_fmt(r.get('x_floor_fwd_graph'), '.1f')}")
+    return "\n".join(lines)
