@@ -146,10 +146,10 @@ def _prep_configs(shape_class: tuple) -> list:
 
 
 @tuning.per_class
-def _prep_configs_of(shape_class: tuple, persistent: bool) -> tuple:
+def _prep_configs_of(shape_class: tuple, persistent: bool) -> list:
     if persistent:
-        return (tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2))
-    return (tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2))
+        return [tuning.config(2, 2), tuning.config(2, 1), tuning.config(4, 2)]
+    return [tuning.config(2, 1 if shape_class[0] > 64 else 2), tuning.config(4, 1 if shape_class[0] > 64 else 2)]
 
 
 # Where one value block covers the whole head (V <= 32 with 32-wide blocks), the loop kernels' 8-warp
