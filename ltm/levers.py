@@ -3,7 +3,8 @@
 - `train.optimizer: muon`: torch.optim.Muon (orthogonalised momentum, torch >= 2.9) on the hidden
   2-D weights, AdamW on the embedding / tied head and on every 1-D parameter (norms), one object
   (MuonAdamW) that the scheduler, the grad scaler and the checkpoint see as one optimiser;
-- `train.opt.fp8`: torchao's float8 training for the block linears (Hopper / Ada: SM 8.9+);
+- `train.opt.fp8`: torchao's float8 training for the MLPs, every block linear, or those and the
+  head (Hopper / Ada: SM 8.9+);
 - `train.opt.fused_ops`: fused Triton kernels for RMSNorm, SwiGLU (ours), RoPE and the linear
   cross-entropy (Liger-Kernel's), swapped in module by module (ltm.fused);
 - `train.target_loss`: time to target, the training seconds and tokens to a validation loss;
@@ -195,13 +196,22 @@ def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
 
 # --- float8 training (torchao) -----------------------------------------------------------
 
-def fp8_filter(module: nn.Module, fqn: str) -> bool:
-    """Which linears float8 training converts: the blocks' projections and MLPs, not the head
-    (tied to the embedding, and the loss's precision is the whole score), and only shapes whose
-    both sizes are multiples of 16 (the float8 matmul's alignment)."""
-    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "lm_head":
+FP8_CHOICES = ("mlp", "blocks", "all")  # train.opt.fp8's groups of linears, each a superset of the last
+
+
+def fp8_filter(module: nn.Module, fqn: str, which: str = "blocks") -> bool:
+    """Whether float8 training converts this module: an nn.Linear of the group `which` (mlp: the
+    blocks' MLPs; blocks: every block linear; all: those and the head, whose weight is the
+    embedding's and stays shared) whose both sizes are multiples of 16 (the float8 matmul's
+    alignment)."""
+    if which not in FP8_CHOICES:
+        raise ValueError(f"fp8 group {which!r}; expected one of {FP8_CHOICES}")
+    if not isinstance(module, nn.Linear):
         return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    parts = fqn.split(".")
+    head = parts[-1] == "lm_head"
+    picked = {"mlp": "mlp" in parts[:-1], "blocks": not head, "all": True}[which]
+    return picked and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
 def fp8_ready(device: torch.device) -> str | None:
@@ -216,14 +226,19 @@ def fp8_ready(device: torch.device) -> str | None:
     return None
 
 
-def convert_fp8(model: nn.Module, device: torch.device, check_device: bool = True) -> list[str]:
-    """Swap the linears fp8_filter picks for torchao's Float8Linear (dynamic tensorwise scaling;
-    the weights stay float32 and keep their names, so checkpoints are unchanged). Returns the
-    converted modules' names. check_device=False converts anywhere (tests of the swap itself)."""
+def convert_fp8(model: nn.Module, device: torch.device, which: str = "blocks",
+                check_device: bool = True) -> list[str]:
+    """Swap the linears fp8_filter picks for group `which` for torchao's Float8Linear (dynamic
+    tensorwise scaling; the weights stay float32 and keep their names, so checkpoints are
+    unchanged). Returns the converted modules' names. check_device=False converts anywhere (tests
+    of the swap itself)."""
     why = fp8_ready(device) if check_device else None
     if why is not None:
         raise ParamsError(f"train.opt.fp8: {why}")
     from torchao.float8 import convert_to_float8_training
-    picked = [name for name, m in model.named_modules() if fp8_filter(m, name)]
-    convert_to_float8_training(model, module_filter_fn=fp8_filter)
-    return picked
+
+    def picks(module: nn.Module, fqn: str) -> bool:
+        return fp8_filter(module, fqn, which)
+    names = [name for name, m in model.named_modules() if picks(m, name)]
+    convert_to_float8_training(model, module_filter_fn=picks)
+    return names

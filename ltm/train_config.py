@@ -41,7 +41,9 @@ class OptConfig:
     # | max-autotune | max-autotune-no-cudagraphs; with compile on only
     compile_mode: Literal["default", "reduce-overhead", "max-autotune",
                           "max-autotune-no-cudagraphs"] = "default"
-    fp8: bool = False  # torchao float8 training of the block linears (CUDA, SM 8.9+)
+    # torchao float8 training (CUDA, SM 8.9+) of: true / blocks = every block linear, mlp = the
+    # MLPs' only, all = the block linears and the (tied) head; false = none
+    fp8: bool | Literal["mlp", "blocks", "all"] = False
     # fused kernels (ltm.fused): some of rms_norm, swiglu, rope, cross_entropy
     fused_ops: list[str] = field(default_factory=list)
 
@@ -128,7 +130,7 @@ class Switches:
     pretokenized: bool
     fused_loss: bool
     compile_mode: str = "default"
-    fp8: bool = False
+    fp8: str = "off"  # off | mlp | blocks | all
     fused_ops: tuple[str, ...] = ()
 
 
@@ -143,8 +145,9 @@ def resolve_switches(opt: OptConfig, device: torch.device) -> Switches:
     # page-locked memory only speeds up copies to a GPU; TF32 is a GPU number format
     decide["pin_memory"] = decide["pin_memory"] and cuda
     decide["tf32"] = decide["tf32"] and cuda
-    return Switches(amp=amp, workers=opt.workers, pretokenized=opt.pretokenized,
-                    compile_mode=opt.compile_mode, fp8=opt.fp8, fused_ops=tuple(opt.fused_ops),
+    fp8 = {True: "blocks", False: "off"}.get(opt.fp8, opt.fp8)
+    return Switches(amp=amp, fp8=fp8, workers=opt.workers, pretokenized=opt.pretokenized,
+                    compile_mode=opt.compile_mode, fused_ops=tuple(opt.fused_ops),
                     **decide)
 
 

@@ -101,8 +101,8 @@ class Trainer:
         if self.sw.fused_ops:
             from ltm.fused import apply_fused_ops  # imports Triton: only when asked
             apply_fused_ops(self.model, self.sw.fused_ops)
-        if self.sw.fp8:
-            convert_fp8(self.model, self.device)
+        if self.sw.fp8 != "off":
+            convert_fp8(self.model, self.device, self.sw.fp8)
         self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent,
                                     fused_ce="cross_entropy" in self.sw.fused_ops)
         self.batch_size = cfg.batch_size

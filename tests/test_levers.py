@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ltm.levers import (MuonAdamW, convert_fp8, fp8_filter, fp8_ready, make_muon, muon_split,
+from ltm.levers import (FP8_CHOICES, MuonAdamW, convert_fp8, fp8_filter, fp8_ready, make_muon, muon_split,
                         optimizer_parts, time_to_target)
 from ltm.model import LTM, ModelConfig
 from ltm.params import ParamsError
@@ -142,6 +142,23 @@ def test_fp8_converts_the_block_linears_not_the_head():
     assert kinds == {"Float8Linear"} and type(model.lm_head) is nn.Linear
     # the weights keep their names: checkpoints of either kind load into the other
     assert set(model.state_dict()) == set(tiny_model().state_dict())
+
+
+def test_fp8_groups_pick_the_mlps_the_blocks_or_everything():
+    model = tiny_model()
+    names = {which: [n for n, m in model.named_modules() if fp8_filter(m, n, which)]
+             for which in FP8_CHOICES}
+    assert names["mlp"] == [f"blocks.{i}.mlp.{p}" for i in range(2) for p in ("gate_up", "out_proj")]
+    assert set(names["mlp"]) < set(names["blocks"]) and "lm_head" not in names["blocks"]
+    assert names["all"] == names["blocks"] + ["lm_head"]
+    with pytest.raises(ValueError, match="fp8 group 'head'"):
+        fp8_filter(model.lm_head, "lm_head", "head")
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao is not installed: the swap itself is not checked")
+    assert convert_fp8(model, torch.device("cpu"), "all", check_device=False) == names["all"]
+    # the float8 head still reads the embedding table: one tensor, as before the swap
+    assert type(model.lm_head).__name__ == "Float8Linear"
+    assert model.lm_head.weight is model.embed.weight
 
 
 def test_fp8_needs_a_recent_gpu():

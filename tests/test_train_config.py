@@ -41,7 +41,13 @@ def test_lr_warms_up_linearly_then_decays_to_min_lr():
 
 def test_new_switches_are_off_by_default_and_checked():
     cpu = resolve_switches(OptConfig(), torch.device("cpu"))
-    assert (cpu.compile_mode, cpu.fp8, cpu.fused_ops) == ("default", False, ())
+    assert (cpu.compile_mode, cpu.fp8, cpu.fused_ops) == ("default", "off", ())
+    # true is the block linears (as before the groups existed), a group name that group
+    for given, group in [(True, "blocks"), (False, "off"), ("mlp", "mlp"), ("all", "all")]:
+        opt = from_mapping(TrainConfig, {"opt": {"fp8": given}}, "train").opt
+        assert resolve_switches(opt, torch.device("cpu")).fp8 == group
+    with pytest.raises(ParamsError, match=r"^train.opt.fp8: .*'mlp'"):
+        from_mapping(TrainConfig, {"opt": {"fp8": "head"}}, "train")
     cfg = TrainConfig()
     assert (cfg.optimizer, cfg.target_loss) == ("adamw", None)
     with pytest.raises(ParamsError, match=r"^train.opt.fused_ops: unknown \['layernorm'\]"):
