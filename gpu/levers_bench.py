@@ -6,7 +6,8 @@
 Parts, in order (each skipped, with a note, once --budget-s is spent):
   kernels   ltm.fused's kernels against the plain PyTorch ops on odd shapes, forward and backward,
             float32 (bound 1e-5) and bfloat16 (bound 2e-2), relative max error
-  baseline  gpu/gpt2_baseline.py's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024
+  baseline  gpu/gpt2_baseline.py's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024;
+            at the params' size and batch (--set model.d_model=2048 ... measures both wider)
   ablate    the ablate protocol on configs/gpu-levers.yaml: one row per lever with its verdict,
             tokens/s and MFU; the final row (every lever that passed) is "levers on"
   ttt       time to target on the token cache (data/cache, carried): a 4-layer model trained
@@ -128,6 +129,18 @@ def flops_and_peak(params: dict, seq_len: int) -> tuple[float, float | None]:
     flops = LTM(dataclasses.replace(model_cfg, vocab_size=vocab)).flops_per_token(seq_len)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return flops, peak_flops(device, params["train"]["opt"]["amp"])
+
+
+def baseline_args(args) -> dict:
+    """The nanoGPT-class loop at the params' width, depth, heads, vocabulary, batch and length (its
+    GELU MLP is 4 d wide: the same weights as a SwiGLU of 8/3 d)."""
+    params = gpu_config(args.params, args.tiny, args.set)
+    model, train = params["model"], params["train"]
+    size = {"vocab": model["vocab_size"], "d": model["d_model"], "n_layers": model["n_layers"],
+            "n_heads": model["n_heads"], "max_len": model["max_seq_len"]}
+    if args.tiny:
+        return dict(batch=2, seq_len=64, steps=3, warmup=1, compile=False, device="cpu", size=size)
+    return dict(batch=train["batch_size"], seq_len=train["seq_len"], size=size)
 
 
 def ablate_part(args, out: dict) -> None:
@@ -365,10 +378,7 @@ def main() -> None:
                     print(f"kernel {row['op']:14s} {row['dtype']:9s} {row['max_rel_error']:.2e} "
                           f"(bound {row['bound']:.0e}) {'ok' if row['ok'] else 'FAILED'}")
             elif part == "baseline":
-                size = {"vocab": 512, "d": 64, "n_layers": 2, "n_heads": 2, "max_len": 512}
-                out["baseline"] = gpt2_baseline.measure(
-                    **(dict(batch=2, seq_len=64, steps=3, warmup=1, compile=False, device="cpu",
-                            size=size) if args.tiny else {}))
+                out["baseline"] = gpt2_baseline.measure(**baseline_args(args))
                 print(f"nanoGPT-class loop: {out['baseline']}")
             elif part == "ablate":
                 ablate_part(args, out)
