@@ -10,6 +10,10 @@ Parts, in order (each skipped, with a note, once --budget-s is spent):
             at the params' size and batch (--set model.d_model=2048 ... measures both wider)
   ablate    the ablate protocol on configs/gpu-levers.yaml: one row per lever with its verdict,
             tokens/s and MFU; the final row (every lever that passed) is "levers on"
+  ours      the train stage's own loop (steps issued back to back, as a training run) at the
+            params' configuration with the levers the ablate part kept, tokens/s and MFU beside
+            the baseline part's loop: the protocol times each step between two synchronisations,
+            which charges a step its launch latency; a training run overlaps it
   ttt       time to target on the token cache (data/cache, carried): a 4-layer model trained
             the same steps and lr schedule with AdamW and with Muon (bf16; eager, or with
             --ttt-compile compiled after a short run that warms the caches); the target is the
@@ -57,7 +61,7 @@ from ltm.params import apply_override, from_mapping, read_params  # noqa: E402
 from ltm.train_config import TrainConfig  # noqa: E402
 from ltm.trainer import Trainer, run_training  # noqa: E402
 
-PARTS = ("kernels", "baseline", "ablate", "ttt", "deltanet")
+PARTS = ("kernels", "baseline", "ablate", "ours", "ttt", "deltanet")
 TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "model.n_heads=2",
               "model.d_ff=128", "model.max_seq_len=512", "model.kernel=torch", "train.device=cpu",
               "train.batch_size=2", "train.seq_len=64", "train.opt.amp=off", "train.opt.tf32=false",
@@ -288,8 +292,26 @@ def throughput(params: dict, tmp: str, steps: int, warmup: int) -> float:
     return steps * trainer.tokens_per_step() / (time.perf_counter() - begin)
 
 
-def deltanet_part(args, out: dict, tmp: str) -> None:
+def with_kept_levers(params: dict, out: dict) -> tuple[dict, list[str]]:
+    """params with the switches the ablate part kept (not the optimiser: a speed comparison)."""
     kept = [k for k in out.get("ablate", {}).get("kept", []) if "optimizer" not in k]
+    sections = {name: params[name] for name in SWITCHABLE}
+    for switch in kept:
+        sections = apply_switch(sections, switch, "kept")
+    return {**params, **sections}, kept
+
+
+def ours_part(args, out: dict, tmp: str) -> None:
+    params, kept = with_kept_levers(gpu_config(args.params, args.tiny, args.set), out)
+    tps = throughput(params, str(Path(tmp) / "ours"), 2 if args.tiny else 20, 1 if args.tiny else 5)
+    flops, peak = flops_and_peak(params, params["train"]["seq_len"])
+    plain = out.get("baseline", {}).get("tokens_per_s")
+    out["ours"] = {"tokens_per_s": round(tps), "mfu": round(flops * tps / peak, 4) if peak else None,
+                   "levers": kept, "x_nanogpt": round(tps / plain, 4) if plain else None}
+    print(f"ours (the train stage's loop): {out['ours']}")
+
+
+def deltanet_part(args, out: dict, tmp: str) -> None:
     rows = []
     lengths = ((128, 2), (256, 1)) if args.tiny else ((2048, 8), (8192, 2))
     for seq_len, batch in [(t, b) for t, b in lengths if not args.seq_lens or t in args.seq_lens]:
@@ -297,12 +319,8 @@ def deltanet_part(args, out: dict, tmp: str) -> None:
             if time.monotonic() > args.deadline:
                 rows.append({"seq_len": seq_len, "mixer": mixer, "skipped": "time budget spent"})
                 continue
-            params = gpu_config(args.params, args.tiny, args.set + [
-                f"model.mixer={mixer}", f"train.seq_len={seq_len}", f"train.batch_size={batch}"])
-            sections = {name: params[name] for name in SWITCHABLE}
-            for switch in kept:
-                sections = apply_switch(sections, switch, "kept")
-            params.update(sections)
+            params, kept = with_kept_levers(gpu_config(args.params, args.tiny, args.set + [
+                f"model.mixer={mixer}", f"train.seq_len={seq_len}", f"train.batch_size={batch}"]), out)
             tps = throughput(params, str(Path(tmp) / f"{mixer}{seq_len}"), 2 if args.tiny else 8,
                              1 if args.tiny else 4)
             flops, peak = flops_and_peak(params, seq_len)
@@ -382,6 +400,8 @@ def main() -> None:
                 print(f"nanoGPT-class loop: {out['baseline']}")
             elif part == "ablate":
                 ablate_part(args, out)
+            elif part == "ours":
+                ours_part(args, out, tmp)
             elif part == "ttt":
                 ttt_part(args, out, tmp)
             elif part == "deltanet":

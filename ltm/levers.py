@@ -196,7 +196,8 @@ def score_ttt(ttt: dict, tolerance: float, targets: list[float]) -> None:
 
 # --- float8 training (torchao) -----------------------------------------------------------
 
-FP8_CHOICES = ("mlp", "blocks", "all")  # train.opt.fp8's groups of linears, each a superset of the last
+# train.opt.fp8's groups of linears, each a superset of the one before
+FP8_CHOICES = ("mlp", "blocks", "all")
 
 
 def fp8_filter(module: nn.Module, fqn: str, which: str = "blocks") -> bool:

@@ -14,7 +14,7 @@ import gpt2_baseline  # noqa: E402
 def test_the_nanogpt_loop_follows_the_params_size_and_levers_get_verdicts(tmp_path):
     out = tmp_path / "levers.json"
     done = subprocess.run([sys.executable, str(ROOT / "gpu" / "levers_bench.py"), str(out), "--tiny",
-                           "--parts", "baseline,ablate", "--set", "model.d_model=96",
+                           "--parts", "baseline,ablate,ours", "--set", "model.d_model=96",
                            "--set", "ablate.switches=[train.opt.fp8=all,train.opt.compile_mode=default]"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -29,3 +29,6 @@ def test_the_nanogpt_loop_follows_the_params_size_and_levers_get_verdicts(tmp_pa
     assert rows["train.opt.fp8=all"]["note"].startswith("ParamsError: train.opt.fp8: needs a CUDA GPU")
     assert rows["train.opt.compile_mode=default"]["verdict"] in {"PASS", "NO EFFECT", "SLOWER"}
     assert record["levers_on"]["x_nanogpt"] > 0
+    # the train stage's own loop beside the plain one, with the levers the protocol kept
+    assert record["ours"]["tokens_per_s"] > 0 and record["ours"]["x_nanogpt"] > 0
+    assert record["ours"]["levers"] == [k for k in record["ablate"]["kept"] if "optimizer" not in k]
