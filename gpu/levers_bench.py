@@ -54,6 +54,7 @@ from source_checkout import commit  # noqa: E402
 
 from ltm.ablate import SWITCHABLE, AblateConfig, ablate, apply_switch  # noqa: E402
 from ltm.cache import cache_dir_of  # noqa: E402
+from ltm.fused import check_fused_against_references  # noqa: E402
 from ltm.hardware import peak_flops  # noqa: E402
 from ltm.levers import resolve_data, score_ttt  # noqa: E402
 from ltm.model import LTM, ModelConfig  # noqa: E402
@@ -69,54 +70,6 @@ TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "
               "train.opt.pin_memory=false", "ablate.warm_start_steps=2", "ablate.warmup=1",
               "ablate.steps=1", "ablate.repeats=2", "ablate.val_sequences=2"]
 
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def kernel_checks(device: str) -> list[dict]:
-    """Each fused op against its reference, forward and the input gradients."""
-    import torch.nn.functional as F
-    from ltm.fused import linear_cross_entropy, rms_norm, rope, swiglu, swiglu_reference
-    from ltm.mixers import apply_rope, rope_tables
-    cos, sin = (t.to(device) for t in rope_tables(64, 512, 10000.0))
-    cases = {
-        "rms_norm": (lambda x, w: rms_norm(x, w, 1e-6), lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
-                     [(3, 77, 771), (771,)]),
-        "swiglu": (swiglu, swiglu_reference, [(3, 77, 2 * 683)]),
-        "rope": (lambda q, k: rope(q, k, cos[:77], sin[:77]),
-                 lambda q, k: (apply_rope(q, cos[:77], sin[:77]), apply_rope(k, cos[:77], sin[:77])),
-                 [(2, 5, 77, 64), (2, 5, 77, 64)]),
-        "cross_entropy": (lambda h, w: linear_cross_entropy(h, w, TARGETS[h.device.type], -100),
-                          lambda h, w: F.cross_entropy((h @ w.t()).float(), TARGETS[h.device.type]),
-                          [(301, 96), (1037, 96)]),
-    }
-    TARGETS[device] = torch.randint(0, 1037, (301,), device=device)
-    rows = []
-    for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        if dtype == torch.bfloat16 and device == "cpu":
-            continue
-        for name, (fused, reference, shapes) in cases.items():
-            gen = torch.Generator(device).manual_seed(0)
-            inputs = [torch.randn(s, device=device, generator=gen).to(dtype) for s in shapes]
-            errors = []
-            outs = []
-            for fn in (fused, reference):
-                leaves = [t.clone().requires_grad_(True) for t in inputs]
-                out = fn(*leaves)
-                out = out if isinstance(out, tuple) else (out,)
-                g = torch.Generator(device).manual_seed(1)
-                sum((o.float() * torch.randn(o.shape, device=device, generator=g)).sum()
-                    for o in out).backward()
-                outs.append(list(out) + [t.grad for t in leaves])
-            errors = [rel(a, b) for a, b in zip(*outs)]
-            rows.append({"op": name, "dtype": str(dtype).split(".")[-1], "max_rel_error": max(errors),
-                         "bound": bound, "ok": max(errors) <= bound})
-    return rows
-
-
-TARGETS: dict[str, torch.Tensor] = {}
 
 
 def gpu_config(path: str, tiny: bool, extra: list[str]) -> dict:
@@ -391,7 +344,7 @@ def main() -> None:
                 continue
             begin = time.monotonic()
             if part == "kernels":
-                out["kernels"] = kernel_checks(device)
+                out["kernels"] = check_fused_against_references(device)
                 for row in out["kernels"]:
                     print(f"kernel {row['op']:14s} {row['dtype']:9s} {row['max_rel_error']:.2e} "
                           f"(bound {row['bound']:.0e}) {'ok' if row['ok'] else 'FAILED'}")

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.fused import (FUSED_OPS, apply_fused_ops, check_fused_ops, linear_cross_entropy, rms_norm,
-                       rope, swiglu, swiglu_reference)
+from ltm.fused import (FUSED_OPS, apply_fused_ops, check_fused_against_references, check_fused_ops,
+                       linear_cross_entropy, rms_norm, rope, swiglu, swiglu_reference)
 from ltm.losses import IGNORE_INDEX
 from ltm.mixers import apply_rope, rope_tables
 from ltm.model import LTM, ModelConfig
@@ -96,3 +96,11 @@ def test_unknown_op_is_one_line_error():
     with pytest.raises(ParamsError, match="train.opt.fused_ops: unknown"):
         check_fused_ops(["layer_norm"])
     check_fused_ops(list(FUSED_OPS))
+
+
+def test_the_gpu_runs_check_of_every_fused_op_passes_on_the_cpu():
+    # what gpu/levers_bench.py --parts kernels runs on a GPU (float32 only here)
+    rows = check_fused_against_references("cpu")
+    assert [row["op"] for row in rows] == list(FUSED_OPS)
+    assert all(row["dtype"] == "float32" and row["bound"] == 1e-5 for row in rows)
+    assert all(row["ok"] and row["max_rel_error"] < 1e-5 for row in rows), rows
