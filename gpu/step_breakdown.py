@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=0, help="list the N longest 'other' kernels")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_breakdown: needs a CUDA GPU (it profiles CUDA kernels)")
     torch.backends.cuda.matmul.allow_tf32 = True
     results = {}
     for name, fn in step_fns(read_params(args.params)).items():
