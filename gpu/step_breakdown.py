@@ -75,9 +75,9 @@ def breakdown(step, steps: int, top: int = 0) -> dict:
     totals, others = collections.Counter(), collections.Counter()
     for event in prof.key_averages():
         if event.device_type == torch.autograd.DeviceType.CUDA:  # kernels, not the ops above them
-            ms = event.self_device_time_total / 1e3 / steps
-            totals[category(event.key)] += ms
-            if category(event.key) == "other":
+            ms, label = event.self_device_time_total / 1e3 / steps, category(event.key)
+            totals[label] += ms
+            if label == "other":
                 others[event.key[:110]] += ms
     for kernel, ms in others.most_common(top):
         print(f"  other {ms:6.3f} ms  {kernel}")

@@ -261,9 +261,6 @@ FusedRMSNorm, FusedSwiGLU, FusedRopeAttention = _fused_classes()
 
 # --- the checks a GPU run repeats -------------------------------------------------------
 
-_TARGETS: dict[str, torch.Tensor] = {}  # the loss check's targets per device
-
-
 def _max_rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -274,6 +271,7 @@ def check_fused_against_references(device: str) -> list[dict]:
     1e-5; bfloat16 2e-2, CUDA only). What `gpu/levers_bench.py --parts kernels` runs on a GPU."""
     from ltm.mixers import apply_rope, rope_tables
     cos, sin = (t.to(device) for t in rope_tables(64, 512, 10000.0))
+    targets = torch.randint(0, 1037, (301,), device=device)  # the loss check's classes
     cases = {
         "rms_norm": (lambda x, w: rms_norm(x, w, 1e-6), lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
                      [(3, 77, 771), (771,)]),
@@ -281,11 +279,10 @@ def check_fused_against_references(device: str) -> list[dict]:
         "rope": (lambda q, k: rope(q, k, cos[:77], sin[:77]),
                  lambda q, k: (apply_rope(q, cos[:77], sin[:77]), apply_rope(k, cos[:77], sin[:77])),
                  [(2, 5, 77, 64), (2, 5, 77, 64)]),
-        "cross_entropy": (lambda h, w: linear_cross_entropy(h, w, _TARGETS[h.device.type], -100),
-                          lambda h, w: F.cross_entropy((h @ w.t()).float(), _TARGETS[h.device.type]),
+        "cross_entropy": (lambda h, w: linear_cross_entropy(h, w, targets, -100),
+                          lambda h, w: F.cross_entropy((h @ w.t()).float(), targets),
                           [(301, 96), (1037, 96)]),
     }
-    _TARGETS[device] = torch.randint(0, 1037, (301,), device=device)
     rows = []
     for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         if dtype == torch.bfloat16 and device == "cpu":
