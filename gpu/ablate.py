@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from source_checkout import commit  # noqa: E402  (the checkout's ltm, installed or not)
 
-from ltm.ablate import SWITCHABLE, AblateConfig, ablate, write_outputs
-from ltm.cache import cache_dir_of
-from ltm.levers import resolve_data
+from ltm.ablation.protocol import ablate, write_outputs
+from ltm.ablation.switches import AblateConfig, SWITCHABLE
+from ltm.data.cache import cache_dir_of
+from ltm.data.batches import resolve_data
 from ltm.params import ParamsError, apply_override, from_mapping, read_params
 
 

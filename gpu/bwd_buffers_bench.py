@@ -1,6 +1,7 @@
 """The delta rule's backward buffers in float32 or in the tiles' dtype (`BWD_BUFFERS` in
-`ltm.kernels.delta_rule.chunk`): forward+backward time and the GPU time of each backward kernel
-per choice, at shapes where the backward is heavy, one process.
+`ltm.kernels.delta_rule.chunk`, chosen per call by `triton_chunk_delta_rule(bwd_buffers=...)`):
+forward+backward time and the GPU time of each backward kernel per choice, at shapes where the
+backward is heavy, one process.
 
     python3 gpu/bwd_buffers_bench.py ["B,T,H,D;..."]
 
@@ -10,7 +11,6 @@ float32 choice (so a choice that changes results shows).
 """
 import itertools
 import sys
-from unittest import mock
 
 import torch
 import triton.testing
@@ -23,15 +23,15 @@ SHAPES = [(2, 32768, 8, 128), (32, 2048, 4, 128), (8, 8192, 32, 64), (8, 2048, 8
 CHOICES = [dict(zip(("dd", "dh_local", "dh"), c)) for c in itertools.product(("f32", "mid"), repeat=3)]
 
 
-def fwd_bwd(x, do):
-    o = module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+def fwd_bwd(x, do, choice):
+    o = module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], bwd_buffers=choice)[0]
     o.backward(do)
 
 
-def kernel_ms(x, do) -> dict:
+def kernel_ms(x, do, choice) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            fwd_bwd(x, do)
+            fwd_bwd(x, do, choice)
         torch.cuda.synchronize()
     return {e.key: round(e.device_time_total / 10 / 1000, 3) for e in prof.key_averages()
             if e.key.startswith("_bwd")}
@@ -46,17 +46,16 @@ def main():
         grads = [t for t in x.values() if t.requires_grad]
         reference = None
         for choice in CHOICES:
-            with mock.patch.dict(module.BWD_BUFFERS, choice):
-                for t in grads:
-                    t.grad = None
-                fwd_bwd(x, do)
-                got = [t.grad.float().clone() for t in grads]
-                reference = reference or got
-                err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, reference))
-                ms = triton.testing.do_bench(lambda: fwd_bwd(x, do), warmup=25, rep=100,
-                                             grad_to_none=grads, return_mode="median")
-                print(f"{','.join(map(str, shape)):15s} {choice}  fwd+bwd {ms:7.3f} ms  "
-                      f"max grad diff vs f32 {err:.1e}  {kernel_ms(x, do)}", flush=True)
+            for t in grads:
+                t.grad = None
+            fwd_bwd(x, do, choice)
+            got = [t.grad.float().clone() for t in grads]
+            reference = reference or got
+            err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, reference))
+            ms = triton.testing.do_bench(lambda: fwd_bwd(x, do, choice), warmup=25, rep=100,
+                                         grad_to_none=grads, return_mode="median")
+            print(f"{','.join(map(str, shape)):15s} {choice}  fwd+bwd {ms:7.3f} ms  "
+                  f"max grad diff vs f32 {err:.1e}  {kernel_ms(x, do, choice)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,15 @@
 # DDP scaling of the GPU profile (configs/gpu.yaml, attention, T=1024, compiled): one GPU, then
 # two through torchrun with the same per-GPU batch. Prints tokens/s and MFU of both.
 set -u
-out=${OUT:-gpu_out}
+out=${OUT:-gpu/results}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off (set by the machine; repeated here for torchrun's workers)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 common=(--params configs/gpu.yaml --no-progress --plot /tmp/ddp_loss.csv)
-CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m ltm.train "${common[@]}" \
+CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m ltm.stages.train "${common[@]}" \
   --out-dir /tmp/ddp1 --metrics "$out/gpu1.json" || echo "== 1 GPU FAILED"
-timeout 250 torchrun --standalone --nproc_per_node=2 -m ltm.train "${common[@]}" \
+timeout 250 torchrun --standalone --nproc_per_node=2 -m ltm.stages.train "${common[@]}" \
   --out-dir /tmp/ddp2 --metrics "$out/gpu2.json" || echo "== 2 GPUs FAILED"
 python3 - "$out" <<'PY'
 import json, sys

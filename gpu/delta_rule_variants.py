@@ -7,11 +7,11 @@ and registers / spills of every compiled kernel.
 Variants: `dot_precision` "tf32" (float32 tiles in one tf32 product, the default for half inputs
 before commit 20a1a07) or "bf16" (tiles and saved intermediates rounded to bfloat16, as fla does,
 today's default for bfloat16 heads >= 64), and L's 16 x 16 diagonal blocks inverted by forward
-substitution or by repeated squaring (`INVERSE_BY_SQUARING`).
+substitution or by repeated squaring (`INVERSE_BY_SQUARING`); both passed per call as
+`triton_chunk_delta_rule(precision=..., inverse_by_squaring=...)`.
 """
 import itertools
 import sys
-from unittest import mock
 
 import torch
 import triton
@@ -27,8 +27,11 @@ VARIANTS = list(itertools.product(("tf32", "bf16"), (False, True)))
 
 
 def variant(precision: str, squaring: bool):
-    return mock.patch.multiple(module, dot_precision=lambda dtype, head_dim: precision,
-                               INVERSE_BY_SQUARING=squaring)
+    """Our op under one variant: the launch options of every call."""
+    def ours(x):
+        return module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"),
+                                              precision=precision, inverse_by_squaring=squaring)[0]
+    return ours
 
 
 def ms_of(fn, x, backward: bool) -> float:
@@ -42,11 +45,7 @@ def ms_of(fn, x, backward: bool) -> float:
     return triton.testing.do_bench(step, warmup=25, rep=150, grad_to_none=grads, return_mode="median")
 
 
-def ours(x):
-    return module.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]
-
-
-def errors(shape, strong: bool) -> str:
+def errors(ours, shape, strong: bool) -> str:
     """Relative errors of o and of each gradient against the float64 token loop (bf16 inputs)."""
     x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
     if strong:
@@ -79,10 +78,10 @@ def main() -> None:
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     fla = _optional("fla.ops.delta_rule", "chunk_delta_rule")
     for precision, squaring in VARIANTS:
-        with variant(precision, squaring):
-            print(f"-- {precision} squaring={squaring}: errors B2-T300-H4-D128 weak: "
-                  f"{errors((2, 300, 4, 128), False)}; B1-T1000-H2-D64 strong: "
-                  f"{errors((1, 1000, 2, 64), True)}", flush=True)
+        ours = variant(precision, squaring)
+        print(f"-- {precision} squaring={squaring}: errors B2-T300-H4-D128 weak: "
+              f"{errors(ours, (2, 300, 4, 128), False)}; B1-T1000-H2-D64 strong: "
+              f"{errors(ours, (1, 1000, 2, 64), True)}", flush=True)
     for shape in SHAPES:
         x = make_inputs("gated_delta_rule", *shape, torch.bfloat16, torch.device("cuda"))
         if fla is not None:
@@ -91,16 +90,15 @@ def main() -> None:
             print(f"{str(shape):20} fla delta rule        fwd {ms_of(f, plain, False):7.3f} "
                   f"fwd+bwd {ms_of(f, plain, True):7.3f} ms", flush=True)
         for precision, squaring in VARIANTS:
-            with variant(precision, squaring):
-                print(f"{str(shape):20} ours {precision} sq={squaring!s:5}     fwd {ms_of(ours, x, False):7.3f} "
-                      f"fwd+bwd {ms_of(ours, x, True):7.3f} ms", flush=True)
+            ours = variant(precision, squaring)
+            print(f"{str(shape):20} ours {precision} sq={squaring!s:5}     fwd {ms_of(ours, x, False):7.3f} "
+                  f"fwd+bwd {ms_of(ours, x, True):7.3f} ms", flush=True)
     compiled_report()
     if len(sys.argv) > 1:
         from profile_kernels import profile_impl
         x = make_inputs("gated_delta_rule", 8, 2048, 8, 128, torch.bfloat16, torch.device("cuda"))
         for precision, squaring in VARIANTS:
-            with variant(precision, squaring):
-                profile_impl(f"ours {precision} squaring={squaring}", ours, x)
+            profile_impl(f"ours {precision} squaring={squaring}", variant(precision, squaring), x)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Forward+backward time of one bf16 projection (tokens, 768) -> (tokens, N) against its output
 width N: the DeltaNet gate projection's widths before and after padding to a multiple of 8
-(ltm/mixers.py), alone and fused with q, k, v (model.fused_proj).
+(ltm/model/mixers.py), alone and fused with q, k, v (model.fused_proj).
 
     python3 gpu/gemm_width_bench.py [--tokens 16384] [--d-model 768]
 """

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from ltm.bench.model import (VARIANTS, bench_generate, bench_generate_memory,  # noqa: E402
                              bench_quantization)
-from ltm.model import ModelConfig  # noqa: E402
+from ltm.model.lm import ModelConfig  # noqa: E402
 from ltm.params import from_mapping, read_params  # noqa: E402
 
 MIXERS = {name: VARIANTS[name] for name in ("attention", "deltanet", "rwkv7")}

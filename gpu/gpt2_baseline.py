@@ -1,6 +1,6 @@
 """The bar the train stage must beat: a plain nanoGPT-class GPT-2-small training step (learned
 positions, LayerNorm, GELU MLP, SDPA causal attention, tied head, fused AdamW, bf16 autocast),
-timed on random tokens the way `ltm.train` times its own runs.
+timed on random tokens the way `ltm.stages.train` times its own runs.
 
     python3 gpu/gpt2_baseline.py [--batch 16] [--seq-len 1024] [--compile] [--steps 40]
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ltm.config import ModelConfig
-from ltm.hardware import allow_recompiles
-from ltm.mixers import DeltaNet
+from ltm.model.config import ModelConfig
+from ltm.train.hardware import allow_recompiles
+from ltm.model.mixers import DeltaNet
 
 STEPS = [("start", {}), ("+ hier_op=dual", {"hier_op": "dual"}),
          ("+ fused_proj", {"fused_proj": True}), ("+ chunk_size=128", {"chunk_size": 128}),

@@ -20,7 +20,6 @@ measured copy bandwidth and matmul rate). A bench_ms well above graph_ms is host
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import sys
@@ -83,46 +82,22 @@ def measure(step) -> dict:
     return row
 
 
-@contextlib.contextmanager
-def fused_output(which: str):
-    """Which forwards take the outputs out of the state pass, for one run: "default" as
-    launch_choices._fuses_output chooses; "none", "inference" or "both" forced at every shape."""
-    from ltm.kernels.delta_rule import launch_choices as lc
-    saved = lc._fuses_output
-    if which != "default":
-        lc._fuses_output = lambda cls, backward: which == "both" or (which == "inference" and not backward)
-    try:
-        yield
-    finally:
-        lc._fuses_output = saved
+def launch_options(segments: int, fill: int, fused: str, overlap: str) -> dict:
+    """Our delta rule's launch options for one run (`triton_chunk_delta_rule`'s keywords):
+    the forward's state pass by segments of at least `segments` chunks (0: off), as many as bring
+    the programs to about `fill` times the SM count; which forwards take the outputs out of the
+    state pass (`fused`) and which run the state pass and the outputs in one launch (`overlap`):
+    "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape."""
+    # 0: off, the module's own default, so that a default run passes no options at all
+    return {"segments": (segments, fill) if segments else None,
+            "fuse_output": None if fused == "default" else fused,
+            "overlap_output": None if overlap == "default" else overlap}
 
 
-@contextlib.contextmanager
-def overlapped_output(which: str):
-    """Which forwards run the state pass and the outputs in one launch, for one run: "default" as
-    launch_choices._overlaps_output chooses; "none", "inference" or "both" forced at every shape."""
-    from ltm.kernels.delta_rule import launch_choices as lc
-    saved = lc._overlaps_output
-    if which != "default":
-        lc._overlaps_output = lambda cls, NT, backward=True: NT > 1 and (
-            which == "both" or (which == "inference" and not backward))
-    try:
-        yield
-    finally:
-        lc._overlaps_output = saved
-
-
-@contextlib.contextmanager
-def segmented(min_chunks: int, fill: int):
-    """The delta rule's forward state pass by segments of at least `min_chunks` chunks (0: off),
-    as many as bring the programs to about `fill` times the SM count."""
-    from ltm.kernels.delta_rule import launch_choices as lc
-    saved = lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL
-    lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL = min_chunks > 0, max(1, min_chunks), fill
-    try:
-        yield
-    finally:
-        lc.SEGMENTED_FORWARD, lc.MIN_SEGMENT_CHUNKS, lc.SEGMENT_FILL = saved
+def ours_with(options: dict):
+    """Our delta rule (plain or gated, as the inputs hold g) with these launch options."""
+    from ltm.kernels.delta_rule import triton_chunk_delta_rule
+    return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"), **options)[0]
 
 
 def main() -> None:
@@ -160,8 +135,10 @@ def main() -> None:
                     for fo in args.fused_output for ov in args.overlapped_output]
                 for (segments, fill, fused, overlap), backward in itertools.product(runs, (False, True)):
                     floor = floor_ms(op, *shape, 2, backward, ceilings)
-                    with segmented(segments, fill), fused_output(fused), overlapped_output(overlap):
-                        timings = measure(pass_fn(fn, x, backward))
+                    # the options are the delta rule's: RWKV-7 runs as it is
+                    run = (ours_with(launch_options(segments, fill, fused, overlap))
+                           if name == "triton" and op != "rwkv7" else fn)
+                    timings = measure(pass_fn(run, x, backward))
                     row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
                            "segment_fill": fill, "fused_output": fused, "overlapped_output": overlap,
                            "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}

@@ -367,7 +367,7 @@ def fla_past_hopper_guard() -> bool:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/bench"))
+    parser.add_argument("--out", type=Path, default=Path("gpu/results"))
     parser.add_argument("--name", default="kernel-grid")
     parser.add_argument("--part", default="1/2", choices=sorted(PARTS))
     parser.add_argument("--budget-s", type=float, default=500.0,

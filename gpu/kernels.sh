@@ -4,7 +4,7 @@
 # GRID=1 runs gpu/kernel_grid.py (the shape grid against fla) instead of ltm.bench.kernels.
 # Wheels found in .whl (fla-core for the comparison) are installed into a scratch folder first.
 set -o pipefail
-LOG_DIR=${1:-reports/bench}
+LOG_DIR=${1:-gpu/results}
 SHAPES=${2:-}
 mkdir -p "$LOG_DIR"
 export PYTHONUNBUFFERED=1

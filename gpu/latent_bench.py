@@ -15,8 +15,8 @@ short keeps what it measured, and a section whose turn comes after --budget seco
 1. plain training step (forward, backward, AdamW), eager and compiled: ms, tokens/s
 2. one inner step (forward, backward to mu and log sigma^2, the update of q), eager
 3. the whole latent training step, decoder compiled, inner loop eager: ms, tokens/s
-4. one inner step compiled (ltm.latent.PosteriorFitter compile=True: the NLL's forward and
-   backward to z compiled, the decoder frozen, the head's loss through ltm.fused_nll)
+4. one inner step compiled (ltm.latent.posterior.PosteriorFitter compile=True: the NLL's forward and
+   backward to z compiled, the decoder frozen, the head's loss through ltm.model.cross_entropy)
 5. the whole latent step with the compiled inner step: ms, tokens/s
 6. the top operations of one compiled inner step by GPU time (torch.profiler)
 7. one inner step compiled with CUDA graphs (mode="reduce-overhead"; CUDA only)
@@ -42,10 +42,10 @@ from source_checkout import ROOT  # noqa: E402  (the checkout's ltm, installed o
 import torch  # noqa: E402
 
 
-from ltm.latent import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,  # noqa: E402
+from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,  # noqa: E402
                         sequence_nll, step_sizes)
-from ltm.losses import LossModel  # noqa: E402
-from ltm.model import LTM, ModelConfig  # noqa: E402
+from ltm.train.objective import LossModel  # noqa: E402
+from ltm.model.lm import LTM, ModelConfig  # noqa: E402
 from ltm.params import from_mapping, read_params  # noqa: E402
 
 SIZES = dict(batch=16, seq_len=1024, n_latent=8, inner_steps=16)
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="eager rows only")
     parser.add_argument("--skip", default="", help="section numbers to leave out, e.g. 2,3,6")
     parser.add_argument("--fused-ops", default="",
-                        help="ltm.fused kernels swapped into both models (train.opt.fused_ops), "
+                        help="ltm.train.fused_ops kernels swapped into both models (train.opt.fused_ops), "
                              "e.g. rms_norm,swiglu,rope")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -203,7 +203,7 @@ def main() -> None:
     fused_ops = [op for op in args.fused_ops.split(",") if op]
     record["fused_ops"] = fused_ops
     if fused_ops:
-        from ltm.fused import apply_fused_ops
+        from ltm.train.fused_ops import apply_fused_ops
         apply_fused_ops(plain, fused_ops)
     plain_loss = LossModel(plain, False, False)
     if section("1. plain training step"):

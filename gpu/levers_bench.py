@@ -4,7 +4,7 @@
                                 [--budget-s 520] [--seq-lens 2048,8192] [--tiny]
 
 Parts, in order (each skipped, with a note, once --budget-s is spent):
-  kernels   ltm.fused's kernels against the plain PyTorch ops on odd shapes, forward and backward,
+  kernels   ltm.train.fused_ops's kernels against the plain PyTorch ops on odd shapes, forward and backward,
             float32 (bound 1e-5) and bfloat16 (bound 2e-2), relative max error
   baseline  gpu/gpt2_baseline.py's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024;
             at the params' size and batch (--set model.d_model=2048 ... measures both wider)
@@ -52,15 +52,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpt2_baseline  # noqa: E402
 from source_checkout import commit  # noqa: E402
 
-from ltm.ablate import SWITCHABLE, AblateConfig, ablate, apply_switch  # noqa: E402
-from ltm.cache import cache_dir_of  # noqa: E402
-from ltm.fused import check_fused_against_references  # noqa: E402
-from ltm.hardware import peak_flops  # noqa: E402
-from ltm.levers import resolve_data, score_ttt  # noqa: E402
-from ltm.model import LTM, ModelConfig  # noqa: E402
+from ltm.ablation.protocol import ablate  # noqa: E402
+from ltm.ablation.switches import AblateConfig, apply_switch, SWITCHABLE  # noqa: E402
+from ltm.data.cache import cache_dir_of  # noqa: E402
+from ltm.train.fused_ops import check_fused_against_references  # noqa: E402
+from ltm.train.hardware import peak_flops  # noqa: E402
+from ltm.data.batches import resolve_data  # noqa: E402
+from ltm.train.time_to_target import score_ttt  # noqa: E402
+from ltm.model.lm import LTM, ModelConfig  # noqa: E402
 from ltm.params import apply_override, from_mapping, read_params  # noqa: E402
-from ltm.train_config import TrainConfig  # noqa: E402
-from ltm.trainer import Trainer, run_training  # noqa: E402
+from ltm.train.settings import TrainConfig  # noqa: E402
+from ltm.train.trainer import Trainer, run_training  # noqa: E402
 
 PARTS = ("kernels", "baseline", "ablate", "ours", "ttt", "deltanet")
 TINY_MODEL = ["model.vocab_size=2048", "model.n_layers=2", "model.d_model=64", "model.n_heads=2",
@@ -225,7 +227,7 @@ def rescore(path: Path, tolerance: float, targets: list[float]) -> None:
 
 
 def figure(runs: dict, target: float, path: Path) -> None:
-    from ltm.figures import time_to_loss_figure
+    from ltm.report.figures import time_to_loss_figure
     time_to_loss_figure({name: run["curve"] for name, run in runs.items()}, target).savefig(path)
 
 

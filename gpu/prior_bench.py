@@ -31,17 +31,17 @@ from source_checkout import ROOT, commit  # noqa: E402  (the checkout's ltm, ins
 import torch  # noqa: E402
 
 
-from ltm.batches import SyntheticTokens  # noqa: E402
+from ltm.data.batches import SyntheticTokens  # noqa: E402
 from ltm.bench.prior import PriorBench, bench_prior  # noqa: E402
-from ltm.counterpart import LATENT, SUBFOLDERS  # noqa: E402
-from ltm.generate import load_model  # noqa: E402
-from ltm.latent import LatentConfig  # noqa: E402
-from ltm.model import ModelConfig  # noqa: E402
+from ltm.train.counterpart import LATENT, SUBFOLDERS  # noqa: E402
+from ltm.train.checkpoint import load_model  # noqa: E402
+from ltm.latent.posterior import LatentConfig  # noqa: E402
+from ltm.model.lm import ModelConfig  # noqa: E402
 from ltm.params import from_mapping  # noqa: E402
-from ltm.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig  # noqa: E402
-from ltm.prior_train import fit_posteriors, posterior_set, train_prior  # noqa: E402
-from ltm.train_config import TrainConfig  # noqa: E402
-from ltm.trainer import run_training  # noqa: E402
+from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig  # noqa: E402
+from ltm.train.prior_trainer import fit_posteriors, posterior_set, train_prior  # noqa: E402
+from ltm.train.settings import TrainConfig  # noqa: E402
+from ltm.train.trainer import run_training  # noqa: E402
 
 SIZES = {  # (model, train, prior, bench) overrides
     "gpu": (dict(vocab_size=50304, n_layers=12, d_model=768, n_heads=12, d_ff=2048,

@@ -14,9 +14,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ltm.model import LTM
+from ltm.model.lm import LTM
 from ltm.params import from_mapping, read_params
-from ltm.model import ModelConfig
+from ltm.model.lm import ModelConfig
 
 STEPS = 5
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpt2_baseline  # noqa: E402
 from source_checkout import ROOT  # noqa: E402, F401
 
-from ltm.losses import LossModel  # noqa: E402
-from ltm.model import LTM, ModelConfig  # noqa: E402
+from ltm.train.objective import LossModel  # noqa: E402
+from ltm.model.lm import LTM, ModelConfig  # noqa: E402
 from ltm.params import from_mapping, read_params  # noqa: E402
 
 CATEGORIES = [("matmul", ("nvjet", "gemm", "cutlass", "sm90_xmma", "triton_mm", "splitk")),

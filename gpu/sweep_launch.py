@@ -10,8 +10,9 @@
 forced through `ltm.kernels.tuning.FORCED`; the op's forward time for the forward kernels (for
 the state pass with the outputs fused: the forward under no_grad, "inf", and the training
 forward with it forced on, "fwd+fused"), its forward+backward for the backward ones (triton.testing.do_bench median, bf16 inputs as a layer
-feeds them, gated delta rule). `rwkv7_loop`: the RWKV-7 token loop's `_value_block` and
-`_launch_options` (`ltm.kernels.rwkv7.fused_recurrent`).
+feeds them, gated delta rule); the fused and overlapped state passes are taken through the op's
+`fuse_output` / `overlap_output` options. `rwkv7_loop`: the RWKV-7 token loop's value block and
+warps, passed as `triton_fused_recurrent_rwkv7(value_block=..., num_warps=...)`.
 """
 import contextlib
 import itertools
@@ -44,10 +45,9 @@ def rwkv7_loop_rows(shapes):
     for shape, value_block, warps in itertools.product(shapes, (8, 16, 32), (2, 4, 8)):
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
-            return rwkv7_module.triton_fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
-        with mock.patch.object(rwkv7_module, "_value_block", lambda K, V: min(value_block, V)), \
-                mock.patch.object(rwkv7_module, "_launch_options", lambda K, V: {"num_warps": warps}):
-            yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
+            return rwkv7_module.triton_fused_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"],
+                                                             value_block=value_block, num_warps=warps)[0]
+        yield "rwkv7", shape, f"BV={value_block} warps={warps}", fwd_bwd_ms(fn, x)
 
 
 # the kernels of each chunked op: (tuner name, its list of configurations, timed pass)
@@ -75,10 +75,12 @@ KERNELS = {
 }
 
 
-def op_fn(op: str):
+def op_fn(op: str, **options):
+    """The op's output; `options`: the delta rule's launch options (`triton_chunk_delta_rule`)."""
     if op == "rwkv7":
         return lambda x: rwkv7_chunk.triton_chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
-    return lambda x: delta_rule_chunk.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
+    return lambda x: delta_rule_chunk.triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"],
+                                                              **options)[0]
 
 
 def wide_sequential(cls) -> list:
@@ -138,7 +140,6 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
     `compile_only` runs each once untimed, so that n processes fill Triton's cache in parallel
     before one process times them (compiling dozens of launches one after another takes minutes)."""
     module = rwkv7_chunk if op == "rwkv7" else delta_rule_chunk
-    fn = op_fn(op)
     for shape in shapes:
         B, T, H, D = shape
         x = make_inputs("rwkv7" if op == "rwkv7" else "gated_delta_rule", *shape, torch.bfloat16,
@@ -155,17 +156,14 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
                     continue
                 choice = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 label = " ".join(f"{key}={value}" for key, value in choice.items())
-                # the fused state pass's rows take it whatever `_fuses_output` would choose
-                fuses = ((lambda cls, backward: not backward or pass_ == "fwd+fused")
-                         if name == "delta_rule.fwd_output" else delta_rule_chunk.launch_choices._fuses_output)
-                # and the overlapped one's rows take it at every shape of two chunks or more (where
-                # the fused pass does not: it comes first in a forward without a backward)
-                overlaps = ((lambda cls, NT, backward=True: NT > 1)
-                            if name == "delta_rule.fwd_overlapped" else delta_rule_chunk.launch_choices._overlaps_output)
+                # the fused state pass's rows take it in every forward, whatever `_fuses_output`
+                # would choose; the overlapped one's rows at every shape of two chunks or more
+                # (where the fused pass does not: it comes first in a forward without a backward)
+                options = ({"fuse_output": "both"} if name == "delta_rule.fwd_output"
+                           else {"overlap_output": "both"} if name == "delta_rule.fwd_overlapped" else {})
+                fn = op_fn(op, **options)
                 with mock.patch.object(tuning, "AUTOTUNE", False), \
                         mock.patch.dict(tuning.FORCED, {name: choice}), \
-                        mock.patch.object(delta_rule_chunk.launch_choices, "_fuses_output", fuses), \
-                        mock.patch.object(delta_rule_chunk.launch_choices, "_overlaps_output", overlaps), \
                         torch.no_grad() if pass_ == "inf" else contextlib.nullcontext():
                     try:
                         if compile_only:

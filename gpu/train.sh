@@ -5,14 +5,14 @@
 # loss curves on the token cache (if there): three seeds each of the triton kernel with and without
 # the fused convolution and of the torch kernel.
 # Short runs: steps 40, the first 10 left out of tokens/s. Writes one metrics JSON and loss CSV per run under
-# OUT/runs, then summary.json and curves.csv under ${OUT:-gpu_out}, and prints a table.
+# OUT/runs, then summary.json and curves.csv under ${OUT:-gpu/results}, and prints a table.
 # PARAMS and EXTRA (--set items that win over the runs' own, space-separated) let the script be
 # tried on a CPU first; ONLY (a regular expression) picks runs by name; BUDGET (seconds, default
 # 570) bounds the whole script.
 set -u
 params=${PARAMS:-configs/gpu.yaml}
 extra=(${EXTRA:-})
-out=${OUT:-gpu_out}
+out=${OUT:-gpu/results}
 runs=$out/runs
 mkdir -p "$runs" "$out"
 export PYTHONUNBUFFERED=1
@@ -34,7 +34,7 @@ train() {  # name, limit in seconds, then --set overrides; all done within BUDGE
   echo "== $name: $*"
   local begin=$SECONDS
   # SIGABRT at the limit: faulthandler then prints where each thread was
-  PYTHONFAULTHANDLER=1 timeout -s ABRT -k 20 "$limit" python3 -m ltm.train --params "$params" "${sets[@]}" --no-progress \
+  PYTHONFAULTHANDLER=1 timeout -s ABRT -k 20 "$limit" python3 -m ltm.stages.train --params "$params" "${sets[@]}" --no-progress \
     --out-dir "/tmp/ckpt/$name" --metrics "$runs/$name.json" --plot "$runs/$name.csv" \
     || echo "== $name FAILED (exit $?)"
   echo "== $name took $((SECONDS - begin)) s"

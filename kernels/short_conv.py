@@ -13,7 +13,7 @@ each a pass over the (B, T, 3C) activations and again in the backward; on an H10
 of the 65 ms of a compiled DeltaNet training step (gpu/profile_train.py deltanet --compile).
 Here each program owns BT tokens of one head's channels and reads its inputs once per pass. The
 backward recomputes p and u rather than saving them, then writes the gradient of p once and
-reads it back shifted for the input's gradient. Tested against `ltm.mixers.ShortConv`
+reads it back shifted for the input's gradient. Tested against `ltm.model.mixers.ShortConv`
 followed by `F.normalize`.
 """
 from __future__ import annotations
@@ -183,7 +183,7 @@ def short_conv_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v from the packed projection x: silu(causal depthwise conv of x) split in thirds, q
     and k divided per head by their L2 norm (at least eps, as `F.normalize`); differentiable in x
-    and weight. Same result as `ltm.mixers.ShortConv` then `F.normalize` of q and k.
+    and weight. Same result as `ltm.model.mixers.ShortConv` then `F.normalize` of q and k.
 
     Args:
         x: [B, T, C] (q, k, v channels in that order), float32, bfloat16 or float16; C a multiple

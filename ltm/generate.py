@@ -1,5 +1,5 @@
 """Text generation: checkpoints and tokenizers loaded, prompts (and a latent model's z) prepared,
-weights optionally quantised, and the command; the tokens come from `ltm.decoder` (gpt-fast
+weights optionally quantised, and the command; the tokens come from `ltm.model.decoding` (gpt-fast
 style: static buffers, the one-token step captured in a CUDA graph, sampling on the device).
 
     python -m ltm.generate --checkpoint data/checkpoints --prompt "ROMEO:" --max-new-tokens 200
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -21,17 +23,37 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from ltm import checkpoint as ckpt
-from ltm.cache import TOKENIZER_FILE, TokenCache, cache_dir_of
-from ltm.corpus import DataError
-from ltm.decoder import Decoder, GenerationError, Sampling, check_fits, generate_tokens
-from ltm.model import LTM, ModelConfig
-from ltm.params import ParamsError, from_mapping, read_params
-from ltm.tokenizer import end_of_text_id, load_tokenizer
+from ltm.data.cache import TOKENIZER_FILE, TokenCache, cache_dir_of
+from ltm.data.corpus import DataError
+from ltm.data.tokenizer import end_of_text_id, load_tokenizer
+from ltm.latent.prior import latents, load_prior, prompt_latents
+from ltm.model.decoding import Decoder, GenerationError, Sampling, check_fits, generate_tokens
+from ltm.model.lm import LTM
+from ltm.params import ParamsError, check, read_params
+from ltm.train.checkpoint import load_model
 
 QUANTIZE = ("none", "int8", "int4")
 # int4 weights are quantised in groups of this many input features (torchao's default)
 INT4_GROUP = 128
+
+
+
+@dataclass
+class SamplesConfig:
+    prompts: list[str] = field(default_factory=lambda: ["ROMEO:", "First Citizen:", "The king"])
+    max_new_tokens: int = 60
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 50
+    seed: int = 0  # the same text for the same checkpoint
+    # latent models: z = latent_scale * N(0, I) (the authors sweep 0.5-1.0; here the decoder
+    # RMS-normalises each latent, so a global scale acts only through the norm's eps)
+    latent_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check(len(self.prompts) >= 1, "prompts", "must hold at least one prompt")
+        check(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        check(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
 
 
 def quantize_model(model: LTM, mode: str) -> LTM:
@@ -87,22 +109,6 @@ def val_batches(cache_dir: str | Path, seq_len: int, batch_size: int = 8,
                                                                       n_batches))
 
 
-def load_model(checkpoint: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> LTM:
-    """The model of a train-stage checkpoint (its folder or file); its config is inside."""
-    path = Path(checkpoint)
-    if path.is_dir():
-        path = path / ckpt.CHECKPOINT_FILE
-    saved = ckpt.load_checkpoint(path)
-    if saved is None:
-        raise GenerationError(f"{path}: no checkpoint there (train one first: dvc repro train)")
-    if not isinstance(saved, dict) or "model" not in saved or "model_cfg" not in saved:
-        raise GenerationError(f"{path}: not a checkpoint of ltm.train (no model or model_cfg)")
-    model = LTM(from_mapping(ModelConfig, saved["model_cfg"], f"{path}: model_cfg"))
-    model.load_state_dict(saved["model"])
-    return model.to(device=device, dtype=dtype).eval()
-
-
 def load_matching_tokenizer(where: str | Path, vocab_size: int) -> Tokenizer:
     """The tokenizer at `where` (its file, or the token cache's folder), checked against the
     model's vocabulary (a model may have more rows than the tokenizer has tokens, never fewer)."""
@@ -131,7 +137,7 @@ def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prom
     A given model is put in eval mode, and copied before quantisation. A latent model's z is
     drawn from its prior N(0, I) scaled by latent_scale (the authors sweep 0.5-1.0) or, with
     latent_fit_steps > 0, is a sample of the posterior fitted to each prompt by that many inner
-    steps (ltm.latent, the train.latent defaults)."""
+    steps (ltm.latent.posterior, the train.latent defaults)."""
     if isinstance(model, LTM):
         model = copy.deepcopy(model) if quantize != "none" else model
     else:
@@ -150,28 +156,25 @@ def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prom
     return [p + _decode(tokenizer, row, eot) for p, row in zip(prompts, tokens.tolist())]
 
 
-def prompt_latents(model: LTM, ids: list[list[int]], scale: float, fit_steps: int
-                   ) -> torch.Tensor | None:
-    """z (B, n_layers * n_latent, d_model) for generation, None for a plain model: scale * N(0, I),
-    or with fit_steps > 0 a sample of the posterior fitted to each prompt (its tokens predicting
-    their successors)."""
-    if model.cfg.n_latent == 0:
-        return None
-    from ltm.latent import LatentConfig, decoder_fitter, latent_shape
-    device = model.embed.weight.device
-    if fit_steps <= 0:
-        return scale * torch.randn(latent_shape(model.cfg, len(ids)), device=device)
-    rows = []
-    fitter = decoder_fitter(model, LatentConfig(steps=fit_steps))
-    for row in ids:  # prompts differ in length: one posterior each
-        seq = torch.tensor(row, device=device)[None]
-        if seq.shape[1] < 2:
-            rows.append(scale * torch.randn(latent_shape(model.cfg, 1), device=device))
-            continue
-        with torch.enable_grad():
-            posterior = fitter.fit((seq[:, :-1], seq[:, 1:]), latent_shape(model.cfg, 1))
-        rows.append(posterior.sample().detach())
-    return torch.cat(rows)
+def write_samples(cfg: SamplesConfig, checkpoint_dir: str | Path, cache_dir: str | Path,
+                  samples_path: str | Path) -> list[dict]:
+    """Sample each prompt of `cfg` from the checkpoint in `checkpoint_dir` on the CPU (a few seconds
+    for the default model), write {"settings", "samples"} to samples_path and return the rows
+    (prompt, text)."""
+    model = load_model(checkpoint_dir, "cpu")
+    tokenizer = load_matching_tokenizer(cache_dir, model.cfg.vocab_size)
+    # a small model's context may not hold the prompt and max_new_tokens: sample what fits (the
+    # prompt is preceded by an end-of-text token) rather than fail the train stage
+    longest = max(len(tokenizer.encode(p).ids) + 1 for p in cfg.prompts)
+    new_tokens = max(1, min(cfg.max_new_tokens, model.cfg.max_seq_len - longest + 1))
+    texts = sample_text(model, tokenizer, cfg.prompts, new_tokens, cfg.temperature, cfg.top_k,
+                        seed=cfg.seed, latent_scale=cfg.latent_scale)
+    rows = [{"prompt": prompt, "text": text} for prompt, text in zip(cfg.prompts, texts)]
+    settings = {k: v for k, v in asdict(cfg).items() if k != "prompts"}
+    settings["new_tokens_sampled"] = new_tokens
+    Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(samples_path).write_text(json.dumps({"settings": settings, "samples": rows}, indent=1) + "\n")
+    return rows
 
 
 def _device(name: str) -> torch.device:
@@ -212,8 +215,7 @@ def run(args: argparse.Namespace) -> None:
     if args.batch < 1:
         raise GenerationError(f"--batch: must be >= 1, got {args.batch}")
     z = prompt_latents(model, [prompt.tolist()] * args.batch, args.latent_scale, args.fit_latents)
-    if args.prior:  # the third way: z from the learned prior (ltm.prior, DPM-Solver++)
-        from ltm.prior import latents, load_prior
+    if args.prior:  # the third way: z from the learned prior (ltm.latent.prior, DPM-Solver++)
         z = latents(model, "prior", args.batch, prior=load_prior(args.prior, device),
                     steps=args.prior_steps)
     decoder = Decoder(model, args.batch, len(prompt) + max(args.max_new_tokens - 1, 0), sampling,

@@ -22,7 +22,7 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-from ltm.ablate import ablate_stage
+from ltm.stages.ablate import ablate_stage
 from ltm.pipeline import stage_paths
 
 paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path,
@@ -32,7 +32,7 @@ print(result.info)
 result.table
 
 # %%
-from ltm.figures import ablate_figure, profile_figure
+from ltm.report.figures import ablate_figure, profile_figure
 
 ablate_figure(result.table)
 

@@ -26,8 +26,8 @@ enter_project_root();
 # %%
 from IPython.display import display
 
-from ltm.bench.stage import benchmark_stage
-from ltm.figures import benchmark_figures
+from ltm.stages.benchmark import benchmark_stage
+from ltm.report.figures import benchmark_figures
 from ltm.pipeline import stage_paths
 
 paths = stage_paths("benchmark", metrics_path=metrics_path, plot_path=plot_path,
@@ -47,7 +47,7 @@ for figure in benchmark_figures(table):
 # generated from those z scored by the plain LM (ltm/bench/prior.py states the estimators).
 
 # %%
-from ltm.bench.stage import prior_benchmark
+from ltm.stages.benchmark import prior_benchmark
 
 prior_paths = stage_paths("benchmark", checkpoint_dir=checkpoint_dir,
                           prior_metrics_path=prior_metrics_path, prior_plot_path=prior_plot_path)

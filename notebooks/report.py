@@ -25,7 +25,7 @@ enter_project_root();
 from IPython.display import display
 
 from ltm.pipeline import stage_paths
-from ltm.report import report_stage
+from ltm.stages.report import report_stage
 
 paths = stage_paths("report", metrics_dir=metrics_dir, plots_dir=plots_dir,
                     bench_records=bench_records, gpu_records=gpu_records,

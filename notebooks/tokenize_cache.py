@@ -16,7 +16,7 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-from ltm.cache import tokenize_stage
+from ltm.stages.tokenize import tokenize_stage
 from ltm.pipeline import stage_paths
 
 paths = stage_paths("tokenize", metrics_path=metrics_path)

@@ -25,9 +25,9 @@ enter_project_root();
 # %%
 import pandas as pd
 
-from ltm.figures import loss_figure
+from ltm.report.figures import loss_figure
 from ltm.pipeline import stage_paths
-from ltm.train import train_stage
+from ltm.stages.train import train_stage
 
 paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
                     plot_path=plot_path, samples_path=samples_path)
@@ -46,7 +46,7 @@ loss_figure(pd.DataFrame(result.history))
 # %%
 from IPython.display import display
 
-from ltm.figures import latent_by_steps, latent_figure
+from ltm.report.figures import latent_by_steps, latent_figure
 
 comparison = pd.DataFrame(result.metrics.get("comparison") or [])
 latent = result.metrics.get("latent_model") or {}
@@ -60,10 +60,10 @@ if latent.get("val_nelbo_by_steps"):
 # %% [markdown]
 # ## A learned prior over latent thoughts
 # A small diffusion model over z, trained on posterior samples of the latent model (params.yaml
-# `prior:`, ltm/prior.py); the benchmark stage compares its samplers with N(0, I).
+# `prior:`, ltm/latent/prior.py); the benchmark stage compares its samplers with N(0, I).
 
 # %%
-from ltm.prior_train import prior_stage
+from ltm.stages.train import prior_stage
 
 prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path)
 prior_metrics = prior_stage(params_path, paths["checkpoint_dir"],
@@ -75,6 +75,6 @@ pd.Series({k: v for k, v in prior_metrics.items() if k != "curve"}, name="value"
 # `python -m ltm.generate --checkpoint data/checkpoints --prompt "ROMEO:"`).
 
 # %%
-from ltm.samples import samples_stage
+from ltm.stages.train import samples_stage
 
 samples_stage(params_path, paths["checkpoint_dir"], samples_path)

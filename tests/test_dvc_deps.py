@@ -144,5 +144,5 @@ def test_the_closure_follows_lazy_and_package_imports(tmp_path):
     closure = {str(p.relative_to(ROOT)) for p in import_closure(notebook) if p != notebook}
     assert {"ltm/__init__.py", "ltm/ops/__init__.py", "ltm/ops/delta_rule/__init__.py",
             "ltm/ops/delta_rule/naive.py"} <= closure
-    assert not covered(ROOT / "ltm" / "report.py", ["ltm/train.py", "ltm/ops"])
+    assert not covered(ROOT / "ltm" / "report.py", ["ltm/stages/train.py", "ltm/ops"])
     assert covered(ROOT / "ltm" / "ops" / "rwkv7" / "naive.py", ["ltm/ops"])

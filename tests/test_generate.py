@@ -8,13 +8,13 @@ import re
 import pytest
 import torch
 
-from ltm import checkpoint as ckpt
-from ltm.decoder import GenerationError, Sampling, generate_tokens
+from ltm.train import checkpoint as ckpt
+from ltm.model.decoding import GenerationError, Sampling, generate_tokens
 from ltm.generate import main, quantization_loss_delta, quantize_model, sample_text
-from ltm.model import LTM, ModelConfig
+from ltm.model.lm import LTM, ModelConfig
 from ltm.params import to_dict
-from ltm.tokenizer import save_tokenizer, train_tokenizer
-from test_decoder import MIXERS, VOCAB, tiny
+from ltm.data.tokenizer import save_tokenizer, train_tokenizer
+from tiny_models import MIXERS, VOCAB, tiny
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao is not installed")
@@ -85,7 +85,7 @@ def test_the_command_fails_in_one_line(trained_files, case, message):
 
 
 def test_a_latent_model_samples_with_z_from_the_scaled_prior_or_fitted_to_the_prompt():
-    from ltm.generate import prompt_latents
+    from ltm.latent.prior import prompt_latents
     model = tiny(MIXERS["deltanet"], n_latent=2)
     ids = [[1, 2, 3, 4, 5], [6, 7, 8]]
     torch.manual_seed(0)

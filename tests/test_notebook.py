@@ -44,7 +44,7 @@ def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 DIVERGED = '''# %%
-from ltm.train_config import TrainingDiverged
+from ltm.train.settings import TrainingDiverged
 raise TrainingDiverged("train loss is nan at step 3: stopped; no checkpoint was written")
 '''
 
@@ -78,7 +78,7 @@ def test_saving_from_jupyterlab_leaves_the_tracked_py_unchanged(path):
 FIGURE = '''# %%
 # %matplotlib inline
 import pandas as pd
-from ltm.report import loss_figure
+from ltm.report.page import loss_figure
 loss_figure(pd.DataFrame({"step": [1, 2, 2], "split": ["train", "train", "val"], "loss": [2.0, 1.5, 1.7]}))
 '''
 

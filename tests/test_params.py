@@ -85,7 +85,7 @@ def test_repository_params_file_loads_every_section():
     """params.yaml at the repository root is valid for every stage that reads it."""
     from pathlib import Path
 
-    from ltm.cache import DataConfig
+    from ltm.data.cache import DataConfig
     root = Path(__file__).resolve().parents[1]
     assert load_section(DataConfig, "data", root / "params.yaml").vocab_size >= 257
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ltm.ablate import AblateConfig
-from ltm.bench.stage import BenchmarkConfig
-from ltm.cache import DataConfig
-from ltm.model import ModelConfig
-from ltm.prior import PriorConfig
-from ltm.report import ReportConfig
-from ltm.samples import SamplesConfig
-from ltm.train_config import TrainConfig
+from ltm.ablation.switches import AblateConfig
+from ltm.stages.benchmark import BenchmarkConfig
+from ltm.data.cache import DataConfig
+from ltm.model.lm import ModelConfig
+from ltm.latent.prior import PriorConfig
+from ltm.stages.report import ReportConfig
+from ltm.generate import SamplesConfig
+from ltm.train.settings import TrainConfig
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig,

@@ -30,6 +30,8 @@ outputs' heads) and HQ (the heads of q, k, v; H a multiple of it, see "grouped h
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ltm.kernels import tuning
@@ -64,8 +66,67 @@ INVERSE_BY_SQUARING = True
 BWD_BUFFERS = {"dd": "mid", "dh_local": "mid", "dh": "mid"}
 
 
-def _bwd_dtype(name: str, mid: torch.dtype) -> torch.dtype:
-    return mid if BWD_BUFFERS[name] == "mid" else torch.float32
+def _bwd_dtype(name: str, mid: torch.dtype, buffers: dict | None = None) -> torch.dtype:
+    return mid if (buffers or BWD_BUFFERS)[name] == "mid" else torch.float32
+
+
+# One call's launch options (`triton_chunk_delta_rule`'s keyword arguments; None: the module's
+# choice above or `launch_choices`' rule), handed to the forward and kept for the backward, so
+# that a sweep switches a choice for its own calls instead of patching the module.
+PRECISIONS = ("bf16", "tf32", "tf32x3", "ieee")
+FORCED_CHOICES = ("none", "inference", "both")
+
+
+class _Options(NamedTuple):
+    precision: str | None = None
+    inverse_by_squaring: bool | None = None
+    fuse_output: str | None = None
+    overlap_output: str | None = None
+    segments: tuple[int, int] | None = None
+    bwd_buffers: dict | None = None
+
+
+_NO_OPTIONS = _Options()
+
+
+def _options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
+             bwd_buffers) -> _Options | None:
+    """The checked options of one call; None when every one is left to the module (the default
+    path, unchanged). Raises a one-line ValueError for a value the launchers do not know."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} or None, got {precision!r}")
+    if inverse_by_squaring is not None and not isinstance(inverse_by_squaring, bool):
+        raise ValueError(f"inverse_by_squaring must be True, False or None, got {inverse_by_squaring!r}")
+    for name, choice in (("fuse_output", fuse_output), ("overlap_output", overlap_output)):
+        if choice is not None and choice not in FORCED_CHOICES:
+            raise ValueError(f"{name} must be one of {FORCED_CHOICES} or None, got {choice!r}")
+    if segments is not None:
+        if (not isinstance(segments, (tuple, list)) or len(segments) != 2
+                or not all(isinstance(n, int) for n in segments) or segments[0] < 0 or segments[1] < 1):
+            raise ValueError(f"segments must be (min_chunks >= 0, fill >= 1) or None, got {segments!r}")
+        segments = (int(segments[0]), int(segments[1]))
+    if bwd_buffers is not None:
+        if (not isinstance(bwd_buffers, dict) or not set(bwd_buffers) <= set(BWD_BUFFERS)
+                or not set(bwd_buffers.values()) <= {"mid", "f32"}):
+            raise ValueError(f"bwd_buffers must map some of {tuple(BWD_BUFFERS)} to 'mid' or 'f32', "
+                             f"got {bwd_buffers!r}")
+        bwd_buffers = {**BWD_BUFFERS, **bwd_buffers}
+    options = _Options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
+                       bwd_buffers)
+    return None if options == _NO_OPTIONS else options
+
+
+def _forced(choice: str, backward: bool) -> bool:
+    """A forced fuse_output / overlap_output choice for a forward with or without a backward."""
+    return choice == "both" or (choice == "inference" and not backward)
+
+
+def _overlaps(cls: tuple, NT: int, backward: bool, opts: _Options) -> bool:
+    if opts.overlap_output is not None:
+        return NT > 1 and _forced(opts.overlap_output, backward)
+    if opts.segments is None:
+        return launch_choices._overlaps_output(cls, NT, backward)
+    return launch_choices._overlaps_output(cls, NT, backward, segments=opts.segments)
 
 
 # each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
@@ -80,15 +141,17 @@ def _args(kernel: str, *values) -> dict:
     return dict(zip(_ARG_NAMES[kernel], values))
 
 
-def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None):
+def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None):
     """The forward's state pass: the state entering each chunk into h, D into d, the final state
     into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
-    "Segments": off by default). fused_o = (q, o, scale): the outputs into o in the same pass
-    (one segment only); h and d may then be None (not stored)."""
+    "Segments": off by default; `segments`: one call's (min_chunks, fill)). fused_o = (q, o,
+    scale): the outputs into o in the same pass (one segment only); h and d may then be None (not
+    stored)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
     NT = cdiv(T, BT)
-    seg = NT if fused_o is not None else launch_choices._segment_chunks(cls, NT)
+    seg = (NT if fused_o is not None else launch_choices._segment_chunks(cls, NT) if segments is None
+           else launch_choices._segment_chunks(cls, NT, *segments))
     NS = cdiv(NT, seg)
     q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
     common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H, "HQ": HQ,
@@ -148,17 +211,19 @@ def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
     return torch.empty(1 + BH * NT, dtype=torch.int32, device=device)
 
 
-def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True):
+def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True,
+                    options=None):
     """The forward; g None: no decay; `backward` False: nothing is kept for a backward (no L^-1;
     where `launch_choices._fuses_output`, the outputs come out of the state pass: no per-chunk
-    states)."""
+    states). `options`: one call's `_Options` (None: the module's choices)."""
+    opts = options or _NO_OPTIONS
     B, T, HQ, K = q.shape
     # H states (beta's heads), HQ heads of q, k, v: state head j reads q, k, v head j mod HQ
     H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
     NT = cdiv(T, BT)
     dev, f32 = q.device, torch.float32
-    precision = dot_precision(q.dtype, K)
+    precision = dot_precision(q.dtype, K) if opts.precision is None else opts.precision
     inverse_precision = "tf32" if precision == "bf16" else precision
     cls = _shape_class(B, T, H, K, V, precision, dev)
     # W, U, D, the chunk states and L^-1 reach the later kernels only as `dot` operands
@@ -168,11 +233,12 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
     o = nan_buffer((B, T, H, V), v.dtype, dev)
     ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
-    fused = launch_choices._fuses_output(cls, backward)
+    fused = (launch_choices._fuses_output(cls, backward) if opts.fuse_output is None
+             else _forced(opts.fuse_output, backward))
     # the per-chunk states and D: for the output kernel or the backward
     h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
             if backward or not fused else (None, None))
-    overlapped = not fused and launch_choices._overlaps_output(cls, NT, backward)
+    overlapped = not fused and _overlaps(cls, NT, backward, opts)
     ready = _overlap_counts(B * H, NT, dev) if overlapped else None
     # looping programs where `launch_choices._prep_persistent`, else one program per chunk
     persistent = launch_choices._prep_persistent(cls)
@@ -183,7 +249,9 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                   {**_args("_prep_fwd_kernel", k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K, V,
                            BT, BK),
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
-                   "SQUARING": INVERSE_BY_SQUARING, "STORE_LINV": backward, "JOBS": NT * B * H,
+                   "SQUARING": (INVERSE_BY_SQUARING if opts.inverse_by_squaring is None
+                                else opts.inverse_by_squaring),
+                   "STORE_LINV": backward, "JOBS": NT * B * H,
                    "PERSISTENT": persistent, "NREADY": ready.numel() if overlapped else 0,
                    "ZERO_READY": overlapped, "USE_G": g is not None})
     if overlapped:
@@ -191,7 +259,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                         precision, cls, ready)
         return o, ht, (w, d, gcum, linv, h)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
-                fused_o=(q, o, scale) if fused else None)
+                fused_o=(q, o, scale) if fused else None, segments=opts.segments)
     if fused:
         return o, ht, (w, d, gcum, linv, h)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (cdiv(V, m["BV"]), NT, B * H),
@@ -202,20 +270,22 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     return o, ht, (w, d, gcum, linv, h)
 
 
-def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
+def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options=None):
+    opts = options or _NO_OPTIONS
     w, d, gcum, linv, h = saved
     B, T, HQ, K = q.shape
     H, V = beta.shape[2], v.shape[-1]
     BT, BK = CHUNK, block_size(K)
     NT = cdiv(T, BT)
     dev, f32 = q.device, torch.float32
-    precision = dot_precision(q.dtype, K)
+    precision = dot_precision(q.dtype, K) if opts.precision is None else opts.precision
     cls = _shape_class(B, T, H, K, V, precision, dev)
     mid = intermediate_dtype(precision)
-    dd = nan_buffer((B, T, H, V), _bwd_dtype("dd", mid), dev)
-    dh_local = nan_buffer((B * H, NT, K, V), _bwd_dtype("dh_local", mid), dev)
-    dh = (dh_local if _bwd_dtype("dh", mid) == dh_local.dtype
-          else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid), dev))
+    buffers = opts.bwd_buffers
+    dd = nan_buffer((B, T, H, V), _bwd_dtype("dd", mid, buffers), dev)
+    dh_local = nan_buffer((B * H, NT, K, V), _bwd_dtype("dh_local", mid, buffers), dev)
+    dh = (dh_local if _bwd_dtype("dh", mid, buffers) == dh_local.dtype
+          else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid, buffers), dev))
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
     # cost 0.4-0.7 ms more than the sum saves at 8k-16k tokens of 8-16 heads: H100, bf16,
@@ -250,10 +320,11 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht):
 class ChunkDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, scale, initial_state, output_final_state):
-        o, ht, saved = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state)
+    def forward(ctx, q, k, v, beta, g, scale, initial_state, output_final_state, options=None):
+        o, ht, saved = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state,
+                                       options=options)
         ctx.save_for_backward(q, k, v, beta, initial_state, *saved)
-        ctx.scale, ctx.g_dtype = scale, None if g is None else g.dtype
+        ctx.scale, ctx.g_dtype, ctx.options = scale, None if g is None else g.dtype, options
         return o, ht
 
     @staticmethod
@@ -261,9 +332,10 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         q, k, v, beta, initial_state, *saved = ctx.saved_tensors
         dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(
             q, k, v, beta, ctx.scale, initial_state, saved, do.contiguous(),
-            None if dht is None else dht.contiguous())
+            None if dht is None else dht.contiguous(), options=ctx.options)
         dg = None if ctx.g_dtype is None else dg.to(ctx.g_dtype)
-        return dq, dk, dv, dbeta, dg, None, dh0, None
+        # a gradient per input: one more (None) where the call passed its options
+        return (dq, dk, dv, dbeta, dg, None, dh0, None) + ((None,) if ctx.options is not None else ())
 
 
 def triton_chunk_delta_rule(
@@ -275,6 +347,13 @@ def triton_chunk_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    *,
+    precision: str | None = None,
+    inverse_by_squaring: bool | None = None,
+    fuse_output: str | None = None,
+    overlap_output: str | None = None,
+    segments: tuple[int, int] | None = None,
+    bwd_buffers: dict[str, str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(Gated) delta rule, chunked, in Triton; differentiable in q, k, v, beta, g, initial_state.
 
@@ -299,6 +378,24 @@ def triton_chunk_delta_rule(
         K >= 64 are multiplied in bfloat16 tiles with float32 sums, and the per-chunk states and
         other intermediates saved for the output and the backward are then bfloat16
         (`ltm.kernels.common.dot_precision` gives the measured errors).
+
+    Launch options, for measurements (gpu/delta_rule_variants.py, gpu/bwd_buffers_bench.py,
+    gpu/sweep_launch.py, gpu/host_overhead.py); each None, the default, keeps the launcher's own
+    choice, and a value it does not know raises ValueError:
+        precision: the tiles' `dot` precision, "bf16", "tf32", "tf32x3" or "ieee", forward and
+            backward (default `ltm.kernels.common.dot_precision(q.dtype, K)`).
+        inverse_by_squaring: L's diagonal blocks inverted by repeated squaring (True) or by
+            forward substitution (False) (default `INVERSE_BY_SQUARING`).
+        fuse_output: the outputs out of the state pass in "none" of the forwards, those without a
+            backward ("inference") or "both", at every shape (default
+            `launch_choices._fuses_output`'s rule).
+        overlap_output: the state pass and the outputs in one launch, likewise, wherever the
+            sequence has two chunks or more (default `launch_choices._overlaps_output`'s rule).
+        segments: (min_chunks, fill): the forward's state pass by segments of at least
+            min_chunks chunks (0: off), as many as bring the programs to about fill times the
+            SMs (default `launch_choices.SEGMENTED_FORWARD`, `MIN_SEGMENT_CHUNKS`, `SEGMENT_FILL`).
+        bwd_buffers: the backward's buffer dtypes by name ("dd", "dh_local", "dh"), "mid" (the
+            intermediates' dtype) or "f32"; names left out keep `BWD_BUFFERS`'.
     """
     if q.dim() != 4:
         raise ValueError(f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
@@ -321,6 +418,11 @@ def triton_chunk_delta_rule(
     check_state("initial_state", initial_state, (B, HS, K, v.shape[-1]))
     if T == 0:
         raise ValueError("q must hold at least one token (T >= 1)")
+    # no options (the default): nothing to check, nothing more on the host per call
+    options = (None if precision is None and inverse_by_squaring is None and fuse_output is None
+               and overlap_output is None and segments is None and bwd_buffers is None
+               else _options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
+                             bwd_buffers))
     scale = K ** -0.5 if scale is None else float(scale)
     g_in = None if g is None else g.contiguous()  # None: no decay (the prep's USE_G off)
     h0 = None if initial_state is None else initial_state.float().contiguous()
@@ -328,8 +430,12 @@ def triton_chunk_delta_rule(
             x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state))):
         # no backward will run: a forward that keeps nothing for one (`_delta_rule_fwd`)
         o, ht, _ = _delta_rule_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
-                                   g_in, scale, h0, output_final_state, backward=False)
+                                   g_in, scale, h0, output_final_state, backward=False,
+                                   options=options)
         return o, ht
+    # the options only when given: the default call is the one torch.compile has always traced
+    extra = () if options is None else (options,)
     o, ht = ChunkDeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                         beta.contiguous(), g_in, scale, h0, output_final_state)
+                                         beta.contiguous(), g_in, scale, h0, output_final_state,
+                                         *extra)
     return o, ht

@@ -45,7 +45,7 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
     # `_fwd_kernel`'s work for value block i_v of state i_bh. (NEGATIVE, not kept: at K = 128 the
     # state as two (64, BV) row halves, D = U - W1 S1 - W2 S2 and each half updated by its own
     # product, was slower: forward 0.278 against 0.263 ms at 2,8192,8,128, 0.770 against 0.674 at
-    # 1,32768,4,128; H100, gpu/results/state-halves-h100-2026-11-26-s19-call1.diff.)
+    # 1,32768,4,128; H100, gpu/results/state-halves-h100-2026-11-26-s19-call1.diff of a40e938.)
     # SIGNAL > 0 (the program's threads):
     # once the states and D of a group of EVERY chunks are stored, add SIGNAL to the group's count
     # (`_group_count`, `_fwd_overlapped_kernel`)

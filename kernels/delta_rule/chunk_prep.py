@@ -168,7 +168,7 @@ def _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, src, dst, r0,
     # rows), row block by row block: src read from head i_hq of HQ, dst written to head i_h of H.
     # (Scaling x_ij's columns instead, so that src goes straight into the products, did not make
     # Triton pipeline its loads: the prep 65 against 67 us at 2,8192,8,128 but 87 against 83 at
-    # 8,2048,16,64; H100, gpu/results/prep-column-scale-h100-2026-11-26-s19-call3.diff)
+    # 8,2048,16,64; H100, gpu/results/prep-column-scale-h100-2026-11-26-s19-call3.diff of a40e938)
     z0 = load_rows(src, i_b, i_hq, T, HQ, D, t0, BC, BD) * r0[:, None]
     z1 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + BC, BC, BD) * r1[:, None]
     z2 = load_rows(src, i_b, i_hq, T, HQ, D, t0 + 2 * BC, BC, BD) * r2[:, None]

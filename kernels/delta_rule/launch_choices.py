@@ -115,7 +115,7 @@ def _parallel_configs(shape_class: tuple) -> list:
 # with bf16 tiles: Triton then loads the next chunk's beta and decays while this one is worked (2
 # stages; the key and value tiles are not pipelined, ptxas on the CPU). CUDA-graph GPU time, ms,
 # one program per chunk against 4 looping programs per SM with 2 warps and 2 stages (H100, Triton
-# 3.6, bf16, outputs equal bit for bit; gpu/results/prep-persistent-h100-2026-11-26-s18-call8):
+# 3.6, bf16, outputs equal bit for bit; records/lab/prep-persistent-h100-2026-11-26-s18-call8.json):
 # forward without a backward 0.284 -> 0.266 at 2,8192,8,128, 0.207 -> 0.194 at 8,2048,8,128,
 # 0.399 -> 0.367 at 32,2048,4,128, 1.128 -> 1.039 at 2,32768,8,128, 0.200 -> 0.168 at
 # 8,2048,16,64; forward+backward 0.976 -> 0.960, 0.841 -> 0.824, 1.635 -> 1.595, 3.884 -> 3.786,
@@ -227,14 +227,20 @@ MIN_SEGMENT_CHUNKS = 8
 SEGMENT_FILL = 2
 
 
-def _segment_chunks(shape_class: tuple, NT: int) -> int:
+def _segment_chunks(shape_class: tuple, NT: int, min_chunks: int | None = None,
+                    fill: int | None = None) -> int:
     """Chunks per segment of the forward's state pass; NT (one segment) unless SEGMENTED_FORWARD
     and the programs of 32-wide value blocks fill less than the SMs, then as many segments as
-    bring them to about SEGMENT_FILL times the SM count, each at least MIN_SEGMENT_CHUNKS long."""
+    bring them to about SEGMENT_FILL times the SM count, each at least MIN_SEGMENT_CHUNKS long.
+    `min_chunks` and `fill` (one call's `segments`, `triton_chunk_delta_rule`) replace the module's
+    setting: segments of at least `min_chunks` chunks (0: off) to about `fill` times the SMs."""
+    segmented = SEGMENTED_FORWARD if min_chunks is None else min_chunks > 0
+    min_chunks = MIN_SEGMENT_CHUNKS if min_chunks is None else max(1, min_chunks)
+    fill = SEGMENT_FILL if fill is None else fill
     programs, sms = _programs_32(shape_class), shape_class[-1]
-    if not SEGMENTED_FORWARD or programs >= sms or NT < 2 * MIN_SEGMENT_CHUNKS:
+    if not segmented or programs >= sms or NT < 2 * min_chunks:
         return NT
-    segments = min(cdiv(SEGMENT_FILL * sms, programs), NT // MIN_SEGMENT_CHUNKS)
+    segments = min(cdiv(fill * sms, programs), NT // min_chunks)
     return cdiv(NT, segments)
 
 
@@ -298,7 +304,7 @@ def _fused_output_configs(shape_class: tuple) -> list:
 # of GPU time at 2,8192,8,128 (0.285 without), 2.48 at 2,32768,8,128 (1.09) and 3.6-4.1 at
 # 4,2048,8,128 (0.15): the prep's share of one kernel's registers spilled 1.3 KB per thread and
 # its programs held the SMs the outputs needed.
-# NEGATIVE, not kept: the prep overlapped with the overlapped launch (2026-11-26; the patch is
+# NEGATIVE, not kept: the prep overlapped with the overlapped launch (2026-11-26; commit f7d3397's
 # gpu/results/prep-overlap-h100-2026-11-26-s18-call1.diff): the prep in chunk order counting each
 # chunk's stores, the overlapped kernel launched as its programmatic dependent (Triton's
 # launch_pdl; the prep's programs call gdc_launch_dependents first) and the state pass walking
@@ -309,21 +315,22 @@ def _fused_output_configs(shape_class: tuple) -> list:
 # with the last wave, and the counts and parts cost the rest (the same without the dependent
 # launch: 0.295 at 2,8192,8,128).
 # NEGATIVE, not kept: the overlapped launch as the prep's programmatic dependent with nothing but a
-# wait for the whole prep at its start (2026-11-26; gpu/results/prep-zero-pdl-h100-2026-11-26-s19-
+# wait for the whole prep at its start (2026-11-26; a40e938's gpu/results/prep-zero-pdl-h100-2026-11-26-s19-
 # call2.diff): CUDA-graph forward 0.654 against 0.670 ms at 2,16384,16,64 but 0.260 against 0.259
 # at 2,8192,8,128, and do_bench 1.040 against 1.002 at 2,32768,8,128 (H100, Triton 3.6, bf16).
 OVERLAPPED_OUTPUT = {"inference": True, "training": True}
 OVERLAP_PROGRAMS = (64, 128)
 
 
-def _overlaps_output(shape_class: tuple, NT: int, backward: bool = True) -> bool:
+def _overlaps_output(shape_class: tuple, NT: int, backward: bool = True,
+                     segments: tuple[int, int] | None = None) -> bool:
     """Whether the forward's state pass and outputs run in one launch: where `OVERLAPPED_OUTPUT`
     allows it, programs of 32-wide value blocks within OVERLAP_PROGRAMS (and below the SMs), one
-    segment, two chunks or more."""
+    segment (`segments`: one call's (min_chunks, fill), see `_segment_chunks`), two chunks or more."""
     programs = _programs_32(shape_class)
     return (OVERLAPPED_OUTPUT["training" if backward else "inference"] and NT > 1
             and OVERLAP_PROGRAMS[0] <= programs < min(OVERLAP_PROGRAMS[1], shape_class[-1])
-            and _segment_chunks(shape_class, NT) == NT)
+            and _segment_chunks(shape_class, NT, *(segments or ())) == NT)
 
 
 @tuning.per_class

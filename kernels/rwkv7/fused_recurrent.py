@@ -143,24 +143,32 @@ def _launch_options(K: int, V: int) -> dict:
     return {"num_warps": 8 if K > 64 else 4}
 
 
-def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state):
+def _launch(K: int, V: int, launch: tuple | None) -> tuple[int, dict]:
+    """The value block and launch options: `_value_block` and `_launch_options`, or one call's
+    (value_block, num_warps) where given (`triton_fused_recurrent_rwkv7`)."""
+    value_block, num_warps = launch or (None, None)
+    BV = _value_block(K, V) if value_block is None else min(value_block, V)
+    return BV, _launch_options(K, V) if num_warps is None else {"num_warps": num_warps}
+
+
+def _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state, launch=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
-    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    (BV, options), BT, BK = _launch(K, V, launch), CHUNK, block_size(K)
     NT = cdiv(T, BT)
     h = nan_buffer((B * H, NT, K, V), torch.float32, r.device)
     o = nan_buffer((B, T, H, V), v.dtype, r.device)
     ht = nan_buffer((B, H, K, V), torch.float32, r.device) if output_final_state else None
     _fwd_kernel[(cdiv(V, BV), B * H)](
         r, w, k, v, a, b, o, h, initial_state, ht, T, H, K, V, BT, BK, BV,
-        initial_state is not None, output_final_state, **_launch_options(K, V))
+        initial_state is not None, output_final_state, **options)
     return o, ht, h
 
 
-def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
+def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht, launch=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
-    BT, BK, BV = CHUNK, block_size(K), _value_block(K, V)
+    (BV, options), BT, BK = _launch(K, V, launch), CHUNK, block_size(K)
     NV = cdiv(V, BV)
     dev = r.device
     scratch = torch.empty(B * H * NV * BT * BK * BV, dtype=torch.float32, device=dev)
@@ -170,7 +178,7 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
     dh0 = nan_buffer((B, H, K, V), torch.float32, dev) if initial_state is not None else None
     _bwd_kernel[(NV, B * H)](
         r, w, k, v, a, b, h, do, dht, scratch, *parts[:2], parts[2], dv, *parts[3:], dh0, T,
-        H, K, V, BT, BK, BV, dht is not None, dh0 is not None, **_launch_options(K, V))
+        H, K, V, BT, BK, BV, dht is not None, dh0 is not None, **options)
     dr, dw, dk, da, db = (p.sum(0).to(x.dtype) for p, x in zip(parts, (r, w, k, a, b)))
     return dr, dw, dk, dv, da, db, dh0
 
@@ -178,17 +186,19 @@ def _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do, dht):
 class FusedRecurrentRWKV7Function(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, r, w, k, v, a, b, initial_state, output_final_state):
-        o, ht, h = _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state)
+    def forward(ctx, r, w, k, v, a, b, initial_state, output_final_state, launch=None):
+        o, ht, h = _rwkv7_fwd(r, w, k, v, a, b, initial_state, output_final_state, launch)
         ctx.save_for_backward(r, w, k, v, a, b, initial_state, h)
+        ctx.launch = launch
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         r, w, k, v, a, b, initial_state, h = ctx.saved_tensors
         grads = _rwkv7_bwd(r, w, k, v, a, b, initial_state, h, do.contiguous(),
-                           None if dht is None else dht.contiguous())
-        return (*grads, None)
+                           None if dht is None else dht.contiguous(), ctx.launch)
+        # a gradient per input: one more (None) where the call passed its launch
+        return (*grads, None) + ((None,) if ctx.launch is not None else ())
 
 
 def triton_fused_recurrent_rwkv7(
@@ -200,6 +210,9 @@ def triton_fused_recurrent_rwkv7(
     b: torch.Tensor,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    *,
+    value_block: int | None = None,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RWKV-7 time mixing in Triton (fused token loop, states saved every CHUNK tokens for the
     backward); differentiable in r, w, k, v, a, b and initial_state.
@@ -214,8 +227,18 @@ def triton_fused_recurrent_rwkv7(
     Returns:
         o: [B, T, H, V] in the dtype of v; the final state [B, H, K, V] in float32 when
         `output_final_state`, else None.
+
+    Launch options, for measurements (gpu/sweep_launch.py rwkv7_loop); None, the default, keeps
+    the launcher's choice, and a value that is not a power of two raises ValueError:
+        value_block: the value columns per program, at most V (default `_value_block`, 16).
+        num_warps: the warps per program (default `_launch_options`: 8 at K > 64, else 4).
     """
     check_rwkv7_inputs(r, w, k, v, a, b, initial_state)
+    for name, n in (("value_block", value_block), ("num_warps", num_warps)):
+        if n is not None and (not isinstance(n, int) or n < 1 or n & (n - 1)):
+            raise ValueError(f"{name} must be a power of two or None, got {n!r}")
     h0 = None if initial_state is None else initial_state.float().contiguous()
+    # the launch only when given: the default call is the one torch.compile has always traced
+    extra = () if value_block is None and num_warps is None else ((value_block, num_warps),)
     return FusedRecurrentRWKV7Function.apply(*(x.contiguous() for x in (r, w, k, v, a, b)), h0,
-                                    output_final_state)
+                                    output_final_state, *extra)

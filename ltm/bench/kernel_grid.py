@@ -1,4 +1,4 @@
-"""The kernel grid's tables (gpu/kernel_grid.py measures the grid; `ltm.records` reads its
+"""The kernel grid's tables (gpu/kernel_grid.py measures the grid; `ltm.report.records` reads its
 records for the report): ours and fla side by side per op, shape and pass, their text form, and
 per op and pass the geometric mean and the worst ratio to fla, with the worst shape; and what
 gpu/kernel_grid.py writes from its measured rows (their summary, their text, the rows in
@@ -50,7 +50,7 @@ def grid_summary(table: list[dict]) -> list[dict]:
     """Per op and pass of `grid_table` rows: the shapes, how many have an fla time, the geometric
     mean and the worst x_fla with its shape (None without fla times), and the worst ratio of
     ours to the floor; the same two from x_fla_graph (CUDA-graph GPU times,
-    `ltm.records.latest_grid`) where rows have it."""
+    `ltm.report.records.latest_grid`) where rows have it."""
     groups: dict[tuple, dict] = {}
     for r in table:
         g = groups.setdefault((r["op"], r["pass"]), {"op": r["op"], "pass": r["pass"], "shapes": 0,
@@ -85,7 +85,7 @@ def geomean(values: list[float]) -> float:
 def as_bench_rows(rows: list) -> list:
     """gpu/kernel_grid.py's grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
     and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
-    kernel history (`ltm.records.recorded_kernel_rows`) reads these files too."""
+    kernel history (`ltm.report.records.recorded_kernel_rows`) reads these files too."""
     out = []
     for r in rows:
         if r.get("section") != "grid" or "skipped" in r:

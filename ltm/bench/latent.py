@@ -6,7 +6,7 @@ Three timings per implementation (eager, and compiled where asked), each the med
 after `warmup`, at the model section's size:
 
   plain step    a plain model's training step: forward, backward, AdamW (the reference)
-  inner step    one step of the inner loop of the latent model (ltm.latent.inner_step: forward,
+  inner step    one step of the inner loop of the latent model (ltm.latent.posterior.inner_step: forward,
                 backward to mu and log sigma^2 through the decoder, the update of q)
   latent step   the latent model's whole training step: inner_steps inner steps, then the
                 decoder's forward, backward and AdamW
@@ -26,9 +26,9 @@ from typing import Literal
 import torch
 
 from ltm.bench.model import median_ms
-from ltm.latent import LatentConfig, decoder_fitter, latent_shape, step_sizes
-from ltm.losses import LossModel
-from ltm.model import LTM, ModelConfig
+from ltm.latent.posterior import LatentConfig, decoder_fitter, latent_shape, step_sizes
+from ltm.train.objective import LossModel
+from ltm.model.lm import LTM, ModelConfig
 from ltm.params import check
 
 

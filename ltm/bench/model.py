@@ -19,10 +19,10 @@ from typing import Callable
 
 import torch
 
-from ltm.decoder import Decoder, Sampling
+from ltm.model.decoding import Decoder, Sampling
 from ltm.generate import quantization_loss_delta, quantize_model
-from ltm.mixers import make_mixer
-from ltm.model import LTM, ModelConfig
+from ltm.model.mixers import make_mixer
+from ltm.model.lm import LTM, ModelConfig
 
 # the mixers compared by default: name -> model settings
 VARIANTS = {

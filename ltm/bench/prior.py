@@ -42,13 +42,14 @@ import torch
 import torch.nn.functional as F
 
 from ltm.params import check
-from ltm.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, load_prior
+from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, load_prior
+from ltm.model.decoding import Decoder, Sampling
+from ltm.train.checkpoint import load_model
 
 
 @dataclass
 class PriorBench:
     """`benchmark.prior`: samplers of the learned prior against N(0, I) and the plain LM."""
-
     enabled: bool = True
     eval_steps: list[int] = field(default_factory=lambda: [5, 10, 20, 50])  # DPM-Solver++
     baseline_steps: int = 1000  # ancestral DDPM: every step of the training schedule
@@ -199,7 +200,6 @@ def _median_seconds(fn, device: torch.device, repeats: int):
 @dataclass
 class _Setup:
     """What every source is measured against."""
-
     reference: torch.Tensor  # held-out posterior samples, normalised and flattened (n, d)
     axes: tuple[torch.Tensor, torch.Tensor]  # PCA of the reference: mean, axes
     bandwidth: float
@@ -225,8 +225,6 @@ def _distances(z: torch.Tensor, setup: _Setup) -> dict:
 def _text(cfg: PriorBench, model, plain, bos: int, z, device) -> tuple[dict, torch.Tensor, float]:
     """(text metrics, tokens (N, new_tokens), seconds of the generation) from `model` with z.
     The static decoder is built (on a GPU: its CUDA graph captured) before the clock starts."""
-    from ltm.decoder import Decoder, Sampling
-
     torch.manual_seed(cfg.seed)
     decoder = Decoder(model, cfg.samples, cfg.new_tokens, Sampling(cfg.temperature, cfg.top_k), z)
     prompts = [torch.tensor([bos])] * cfg.samples
@@ -278,8 +276,6 @@ def _z_sources(cfg: PriorBench, prior, post: dict, n_ref: int) -> list[tuple[dic
 def bench_prior(cfg: PriorBench, checkpoint_dir: str | Path, device: torch.device
                 ) -> tuple[list[dict], dict]:
     """Rows (one per source) and a summary; ([], {"skipped": why}) without a trained prior."""
-    from ltm.generate import load_model
-
     folder = Path(checkpoint_dir) / PRIOR_DIR
     if not cfg.enabled:
         return [], {"skipped": "benchmark.prior.enabled is false"}

@@ -80,7 +80,7 @@ def test_fla_ratio_is_fla_time_over_ours_for_the_same_case():
 def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
     import pandas as pd
 
-    from ltm.figures import kernel_grid_figure
+    from ltm.report.figures import kernel_grid_figure
     grid = pd.DataFrame([
         {"op": "delta_rule", "B": 1, "T": 512, "H": 4, "D": 64, "pass": "fwd", "ours_x_floor": 4.0, "fla_x_floor": 6.0},
         {"op": "delta_rule", "B": 2, "T": 512, "H": 4, "D": 64, "pass": "fwd", "ours_x_floor": 3.0, "fla_x_floor": None},

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ltm.bench.latent import LatentBench, bench_latent, time_steps
-from ltm.bench.stage import summarise
-from ltm.model import ModelConfig
+from ltm.stages.benchmark import summarise
+from ltm.model.lm import ModelConfig
 from ltm.params import ParamsError, from_mapping
 
 TINY = ModelConfig(vocab_size=29, n_layers=1, d_model=16, n_heads=2, max_seq_len=16)

@@ -11,7 +11,7 @@ import torch
 
 from ltm.bench.model import (VARIANTS, bench_generate, bench_generate_memory, bench_mixers,
                              bench_quantization)
-from ltm.model import ModelConfig
+from ltm.model.lm import ModelConfig
 
 TINY = ModelConfig(vocab_size=29, n_layers=1, d_model=16, n_heads=2, max_seq_len=16, chunk_size=4)
 

@@ -10,16 +10,16 @@ import pytest
 import torch
 import yaml
 
-from ltm import checkpoint as ckpt
+from ltm.train import checkpoint as ckpt
 from ltm.bench.prior import (PriorBench, frechet, frechet_from_stats, generative_nll, mmd2,
                              token_entropy)
-from ltm.bench.stage import prior_benchmark
-from ltm.cache import DataConfig, build_cache
-from ltm.latent import LatentConfig
-from ltm.model import LTM, ModelConfig
+from ltm.stages.benchmark import prior_benchmark
+from ltm.data.cache import DataConfig, build_cache
+from ltm.latent.posterior import LatentConfig
+from ltm.model.lm import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping, to_dict
-from ltm.prior_train import prior_stage
-from ltm.report import prior_section
+from ltm.stages.train import prior_stage
+from ltm.report.page import prior_section
 
 
 # one intra-op thread (tests/conftest.py)
@@ -214,7 +214,7 @@ def test_the_diagonal_fit_draws_the_normalisation_gaussian():
 def test_the_low_rank_fit_row_draws_the_priors_own_gaussian():
     # with a whitening, a row draws what the untrained denoiser would: Prior.decode of N(0, I)
     from ltm.bench.prior import PriorBench, _z_sources
-    from ltm.prior import Denoiser, Prior, PriorConfig
+    from ltm.latent.prior import Denoiser, Prior, PriorConfig
 
     basis = torch.zeros(1, 24)
     basis[0, :8] = 8 ** -0.5

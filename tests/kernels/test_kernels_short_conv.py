@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from reference import DEVICE, ON_GPU, case_seed, rel_err
 from ltm.kernels.short_conv import TOKENS, short_conv_qkv
-from ltm.mixers import ShortConv
+from ltm.model.mixers import ShortConv
 
 # (B, T, heads per q / k / v, head_dim, taps): T = 1, T < TOKENS, odd T over several blocks, a
 # head_dim that is no power of two

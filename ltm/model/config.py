@@ -1,0 +1,112 @@
+"""The model's configuration, `ModelConfig` (the `model:` section of params.yaml), with its checks.
+
+A module of its own so that the model (ltm/model/lm.py) and its token mixers (ltm/model/mixers.py) both
+import it without importing each other; `from ltm.model.lm import ModelConfig` still works.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from ltm.params import check
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The `model:` section of params.yaml. Defaults: a tiny model that trains on a CPU."""
+
+    # 0 = taken from the tokenizer by the train stage; must be > 0 to build a model
+    vocab_size: int = 0
+    # token mixer of every layer
+    mixer: Literal["attention", "rwkv7", "deltanet"] = "attention"
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    # hidden width of the SwiGLU MLP; null = 8/3 * d_model rounded up to a multiple of 64
+    d_ff: int | None = None
+    # longest sequence: size of the RoPE table and of the KV cache
+    max_seq_len: int = 256
+    # attention only: each token sees itself and window - 1 earlier tokens; null = all
+    window: int | None = None
+    # implementation of the linear recurrences: naive (token by token), torch (chunked),
+    # triton (our kernels) or fla (flash-linear-attention, if installed)
+    kernel: Literal["naive", "torch", "triton", "fla"] = "torch"
+    # tokens per chunk of the chunked forms
+    chunk_size: int = 64
+    # deltanet: depthwise causal convolution of width conv_size on q, k, v
+    short_conv: bool = True
+    conv_size: int = 4
+    # deltanet with kernel triton, training: convolution, SiLU and the q, k norms in one Triton op
+    fused_conv: bool = True
+    # deltanet: a fast and a slow state per head, mixed by a learned gate
+    hierarchical: bool = False
+    # hierarchical deltanet, the roadmap's switches (ltm/ops/dual_delta_rule/step.py defines them):
+    # stacked = the plain delta rule on q, k, v concatenated twice; dual = both states in one op
+    # reading q, k, v once (same function); the two variants below always run the dual op
+    hier_op: Literal["stacked", "dual"] = "stacked"
+    # fast/slow output mix: gate = learned sigmoid gate per token and head; sum = fast + slow
+    hier_mix: Literal["gate", "sum"] = "gate"
+    # token = the fast state read at every token; chunk = read only as it stood at the last chunk
+    # boundary (no intra-chunk attention; chunks of chunk_size from position 0)
+    hier_fast_read: Literal["token", "chunk"] = "token"
+    # event-driven slow state: a chunk's update is kept only if its surprise (sum |delta|^2 /
+    # sum |beta v|^2) is >= this; null = always kept
+    hier_slow_threshold: float | None = None
+    # deltanet: q, k, v and the gates projected by one matmul (one weight read as two)
+    fused_proj: bool = False
+    # latent thought vectors per layer (0 = a plain language model)
+    n_latent: int = 0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    # recompute each block in the backward pass instead of storing its activations
+    checkpointing: bool = False
+    # std of the normal init of linear and embedding weights
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        check(self.vocab_size >= 0, "vocab_size", f"must be >= 0, got {self.vocab_size}")
+        check(self.mixer in ("attention", "rwkv7", "deltanet"), "mixer",
+              f"expected 'attention', 'rwkv7' or 'deltanet', got {self.mixer!r}")
+        check(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
+        check(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
+        check(self.d_model >= 1 and self.d_model % self.n_heads == 0, "d_model",
+              f"must be a positive multiple of n_heads={self.n_heads}, got {self.d_model}")
+        check(self.mixer != "attention" or (self.d_model // self.n_heads) % 2 == 0, "d_model",
+              f"attention needs an even head size for RoPE, got d_model / n_heads = "
+              f"{self.d_model // self.n_heads}")
+        check(self.d_ff is None or self.d_ff >= 1, "d_ff", f"must be >= 1 or null, got {self.d_ff}")
+        check(self.max_seq_len >= 1, "max_seq_len", f"must be >= 1, got {self.max_seq_len}")
+        check(self.window is None or self.window >= 1, "window",
+              f"must be >= 1 or null, got {self.window}")
+        check(self.window is None or self.mixer == "attention", "window",
+              f"applies to mixer 'attention' only, set it to null for mixer {self.mixer!r}")
+        check(self.kernel in ("naive", "torch", "triton", "fla"), "kernel",
+              f"expected 'naive', 'torch', 'triton' or 'fla', got {self.kernel!r}")
+        check(self.chunk_size >= 1, "chunk_size", f"must be >= 1, got {self.chunk_size}")
+        check(self.conv_size >= 2, "conv_size", f"must be >= 2, got {self.conv_size}")
+        check(not self.hierarchical or self.mixer == "deltanet", "hierarchical",
+              f"applies to mixer 'deltanet' only, not {self.mixer!r}")
+        check(self.hier_op in ("stacked", "dual"), "hier_op",
+              f"expected 'stacked' or 'dual', got {self.hier_op!r}")
+        check(self.hier_mix in ("gate", "sum"), "hier_mix",
+              f"expected 'gate' or 'sum', got {self.hier_mix!r}")
+        check(self.hier_fast_read in ("token", "chunk"), "hier_fast_read",
+              f"expected 'token' or 'chunk', got {self.hier_fast_read!r}")
+        check(self.hier_slow_threshold is None or self.hier_slow_threshold >= 0,
+              "hier_slow_threshold", f"must be >= 0 or null, got {self.hier_slow_threshold}")
+        check(self.n_latent >= 0, "n_latent", f"must be >= 0, got {self.n_latent}")
+        check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
+        check(self.init_std > 0, "init_std", f"must be > 0, got {self.init_std}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        """Width of the SwiGLU MLP."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 64 * math.ceil(8 * self.d_model / 3 / 64)

@@ -1,0 +1,98 @@
+"""Measurements made on GPUs and kept in git as JSON files, so that the CPU pipeline can still
+report them: the kernel benchmarks under reports/bench, the training runs under reports/gpu, the
+ablate protocol's runs under reports/gpu/ablate."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from ltm.bench.kernel_grid import grid_table
+
+
+def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, dict]]:
+    """(path, record) of every JSON file in `folder`, by name. Each record holds "device" and the
+    list `key`; a file that does not is an error naming it as not a `kind` record, never a
+    silent gap in a table."""
+    records = []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            record["device"], record[key]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: not a {kind} record ({err})") from None
+        records.append((path, record))
+    return records
+
+
+
+def latest_grid(folder: str | Path) -> list[dict]:
+    """The kernel-grid records in `folder` (`gpu/kernel_grid.py`, one file per part and run) as one
+    table, op by op from the newest record that measured the op, by its "date" and then by file
+    name (a later run replaces an earlier one whatever device its name gives, a cut part does not
+    hide the part it did not reach): the rows of
+    `ltm.bench.kernel_grid.grid_table` (one per op, B, T, H, D and pass: ours and fla in ms and over
+    the floor, x_fla = fla ms / ours ms; where the record has them, the same from CUDA-graph GPU
+    times, `_graph_times`) with the device, commit and file of the measurement."""
+    latest: dict[str, tuple[Path, dict]] = {}
+    records = read_records(folder, "rows", "kernel benchmark")
+    for path, record in sorted(records, key=lambda pr: (str(pr[1].get("date", "")), pr[0].name)):
+        if "grid" in record:
+            latest |= {row["op"]: (path, record) for row in record["rows"]}
+    rows = []
+    for op, (path, record) in sorted(latest.items()):
+        for row in grid_table([r for r in record["rows"] if r["op"] == op]):
+            rows.append({**row, **_graph_times(record["grid"], row), "device": record["device"],
+                         "commit": (record.get("commit") or "")[:7], "record": path.name})
+    return rows
+
+
+_GRID_PASS = {"fwd": "fwd", "fwd+bwd": "fb"}  # a grid row's pass -> its key in the "grid" section
+
+
+def _graph_times(grid: list[dict], row: dict) -> dict:
+    """The CUDA-graph GPU times a kernel-grid record (`gpu/kernel_grid.py --graph`) holds for a
+    `grid_table` row: ours and fla in ms, x_fla and ours over the floor from them. No host time is
+    in them, where do_bench's times include the host's wherever it is slower than the GPU. Empty
+    for a record measured without --graph."""
+    key = _GRID_PASS.get(row["pass"])
+    shape = [row["B"], row["T"], row["H"], row["D"]]
+    entry = next((g for g in grid if g.get("op") == row["op"] and g.get("shape") == shape), None)
+    if key is None or entry is None or entry.get(f"ours_{key}_graph") is None:
+        return {}
+    ours, fla = entry[f"ours_{key}_graph"], entry.get(f"fla_{key}_graph")
+    return {"ours_graph_ms": ours, "fla_graph_ms": fla,
+            "x_fla_graph": fla / ours if ours and fla else None,
+            "ours_x_floor_graph": ours / row["floor_ms"] if row.get("floor_ms") else None}
+
+
+def gpu_ablate_records(folder: str | Path) -> list[tuple[str, dict, pd.DataFrame]]:
+    """The ablate protocol's runs on GPUs (`gpu/ablate.py OUT.json` writes OUT.json and OUT.csv,
+    kept in `folder`), by file name: (name, the JSON's "protocol" (device, torch, commit, params,
+    mode), the CSV's verdict table). A JSON without "protocol" or without its CSV is an error
+    naming it, never a silent gap."""
+    records = []
+    for path in sorted(Path(folder).glob("*.json")):
+        table_path = path.with_suffix(".csv")
+        try:
+            protocol = json.loads(path.read_text())["protocol"]
+            protocol["device"]
+            table = pd.read_csv(table_path)
+        except (ValueError, KeyError, TypeError, FileNotFoundError) as err:
+            raise ValueError(f"{path}: not a GPU ablate record with its CSV ({err})") from None
+        records.append((path.stem, protocol, table))
+    return records
+
+
+def recorded_kernel_rows(folder: str | Path) -> pd.DataFrame:
+    """The kernel benchmarks recorded on GPUs (`python -m ltm.bench.kernels --out ...`, kept in
+    `folder`): one row per measurement with the device and commit it was made on. They are
+    history, not this commit's metrics: the benchmark stage measures only what runs here."""
+    rows = []
+    for path, record in read_records(folder, "rows", "kernel benchmark"):
+        for row in record["rows"]:
+            rows.append({"device": record["device"], "commit": record.get("commit"),
+                         "op": row["op"], "pass": row["pass"],
+                         "case": f"{row['B']},{row['T']},{row['H']},{row['D']}",
+                         "impl": row["impl"], "ms": row["ms"], "record": path.name})
+    return pd.DataFrame(rows)

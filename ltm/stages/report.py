@@ -1,0 +1,46 @@
+"""The report stage: one self-contained HTML page (ltm.report.page) built from the metrics JSON and
+plot CSVs that the other stages wrote and the curated GPU records; the `report` section of
+params.yaml gives its title and the figures' resolution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import seaborn as sns
+
+from ltm.params import load_section
+from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
+from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
+                             kernel_history_section, latent_section, prior_section, render_html,
+                             samples_section, settings_section, summary_section, train_section)
+
+
+@dataclass
+class ReportConfig:
+    title: str = "ltm workbook"
+    dpi: int = 110  # resolution of the embedded figures
+
+
+def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: str | Path,
+                 bench_records: str | Path, gpu_records: str | Path, output: str | Path,
+                 samples_path: str | Path | None = None) -> list[Section]:
+    """Build the report from whatever the stages wrote, and the GPU records (kernel benchmarks in
+    `bench_records`, training runs in `gpu_records`, ablate runs in its ablate/) as history;
+    returns the sections for the notebook. Paths come from dvc.yaml."""
+    cfg = load_section(ReportConfig, "report", params_path)
+    metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
+    sns.set_theme(style="whitegrid")
+    env = environment()
+    sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
+                data_section(metrics_dir), train_section(metrics_dir, plots_dir),
+                latent_section(metrics_dir, plots_dir, Path(gpu_records)),
+                prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),
+                benchmark_section(plots_dir),
+                samples_section(Path(samples_path) if samples_path else None),
+                kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
+                gpu_ablate_section(Path(gpu_records) / "ablate"),
+                gpu_time_to_target_section(Path(gpu_records) / "ttt")]
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi))
+    return sections

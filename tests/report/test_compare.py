@@ -1,0 +1,45 @@
+import subprocess
+
+import pytest
+
+from ltm.report.compare import changed_params, flatten, is_change, metrics_at, summary_table
+
+
+def test_a_change_beyond_the_noise_is_marked_better_or_worse():
+    now = {"train.json": {"val_loss": 3.0, "val_loss_noise": 0.01, "tokens_per_s": 90.0,
+                          "tokens_per_s_noise": 1.0}}
+    then = {"train.json": {"val_loss": 3.1, "val_loss_noise": 0.01, "tokens_per_s": 100.0,
+                           "tokens_per_s_noise": 1.0}}
+    close = {"train.json": {"val_loss": 3.02, "val_loss_noise": 0.01}}
+    table = summary_table(now, {"a": then, "b": close})
+    verdicts = {(r["metric"].split(" ")[0], r["compared with"]): r["verdict"]
+                for r in table.to_dict("records")}
+    assert verdicts[("validation", "a")] == "better" and verdicts[("training", "a")] == "worse"
+    assert verdicts[("validation", "b")] == "within noise"
+    assert verdicts[("training", "b")] == "not measured then"
+
+
+@pytest.mark.parametrize("delta, noise, expected", [
+    (0.1, [0.01, 0.01], True), (0.02, [0.01, 0.01], False), (0.1, [None, 0.01], None)])
+def test_is_change_uses_twice_the_combined_noise(delta, noise, expected):
+    assert is_change(delta, noise) is expected
+
+
+def test_metrics_and_params_at_a_commit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "train.json").write_text('{"val_loss": 2.5}')
+    (tmp_path / "params.yaml").write_text("train: {lr: 0.1, opt: {amp: fp16}}\n")
+    for args in (["init", "-q"], ["add", "."],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *args], check=True, capture_output=True)
+    (tmp_path / "m" / "train.json").write_text('{"val_loss": 2.0}')
+    (tmp_path / "params.yaml").write_text("train: {lr: 0.1, opt: {amp: bf16}}\n")
+    assert metrics_at("HEAD", tmp_path / "m")["train.json"]["val_loss"] == 2.5
+    assert metrics_at(None, tmp_path / "m")["train.json"]["val_loss"] == 2.0
+    assert changed_params(tmp_path / "params.yaml").to_dict("records") == [
+        {"parameter": "train.opt.amp", "HEAD": "fp16", "this run": "bf16"}]
+
+
+def test_flatten_names_nested_keys_with_dots():
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
