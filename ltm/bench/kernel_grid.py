@@ -84,7 +84,7 @@ def geomean(values: list[float]) -> float:
 
 def as_bench_rows(rows: list) -> list:
     """gpu/kernel_grid.py's grid rows as `python -m ltm.bench.kernels` records them (one row per op, impl, shape
-    and pass, impl "triton" for ours), so that reports/bench keeps one format and the report's
+    and pass, impl "triton" for ours), so that records/bench keeps one format and the report's
     kernel history (`ltm.report.records.recorded_kernel_rows`) reads these files too."""
     out = []
     for r in rows:

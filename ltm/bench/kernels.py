@@ -1,7 +1,7 @@
 """Benchmark of the linear-attention kernels: token loop, torch chunk form, our Triton kernels,
 flash-linear-attention (when installed) and causal SDPA, forward and forward+backward.
 
-    python -m ltm.bench.kernels --out reports/bench/kernels-gpu.json
+    python -m ltm.bench.kernels --out records/bench/kernels-gpu.json
 
 Every time is the median of `triton.testing.do_bench` on the GPU (a host-clock median on the CPU,
 where only the token loop, the torch chunk form and SDPA run, at tiny shapes, in float32). Each row
@@ -325,7 +325,7 @@ def environment() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/bench/kernels.json"))
+    parser.add_argument("--out", type=Path, default=Path("gpu/results/kernels.json"))
     parser.add_argument("--shapes", type=str, default=None,
                         help="semicolon-separated B,T,H,D shapes (default: the GPU set, or a tiny CPU one)")
     parser.add_argument("--ops", type=str, default=",".join(OPS))

@@ -1,6 +1,6 @@
 """Measurements made on GPUs and kept in git as JSON files, so that the CPU pipeline can still
-report them: the kernel benchmarks under reports/bench, the training runs under reports/gpu, the
-ablate protocol's runs under reports/gpu/ablate."""
+report them: the kernel benchmarks under records/bench, the training runs under records/gpu, the
+ablate protocol's runs under records/gpu/ablate."""
 from __future__ import annotations
 
 import json
