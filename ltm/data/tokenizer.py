@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer (HF `tokenizers`), trained on the train split only."""
+"""Tokenizers (HF `tokenizers`): byte-level BPE trained on the train split of a text corpus, or
+a word-level one over the symbols of the synthetic source. Id 0 is the end-of-text token in both."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,6 +29,22 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def symbol_name(symbol: int) -> str:
+    """The token of synthetic symbol `symbol` (0-based): s0, s1, ..."""
+    return f"s{symbol}"
+
+
+def symbol_tokenizer(n_symbols: int) -> Tokenizer:
+    """A word-level tokenizer of end-of-text (id 0) and the symbols s0 .. s{n-1} (ids 1 .. n),
+    split on whitespace; decoding joins the symbols with spaces. A word that is not a symbol
+    (a text prompt) reads as end-of-text: the start of a sequence, all the model knows of it."""
+    vocab = {END_OF_TEXT: 0, **{symbol_name(i): i + 1 for i in range(n_symbols)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=END_OF_TEXT))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([END_OF_TEXT])
     return tokenizer
 
 

@@ -1,5 +1,6 @@
 """The tokenize stage: the token cache (ltm.data.cache) built from params.yaml's `data` section, and
-its metrics (documents, bytes and tokens per split, the tokenizer's size) written for DVC.
+its metrics (documents, bytes and tokens per split, the tokenizer's size; for data.source synthetic
+also the exact entropies of the validation split and the synthetic parameters) written for DVC.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from ltm.data.batches import MicroBatches, SyntheticTokens, open_source, with_vocab
+from ltm.data.batches import MicroBatches, SyntheticTokens, check_data, open_source, with_vocab
 from ltm.data.cache import DataConfig, build_cache
+from ltm.data.synthetic import SyntheticConfig
 from ltm.model.lm import ModelConfig
 from ltm.params import ParamsError
 
@@ -63,3 +64,26 @@ def test_vocab_size_comes_from_the_cache(cache_dir):
         with_vocab(ModelConfig(vocab_size=100), cache_dir, "cache")
     with pytest.raises(ParamsError, match="must be set"):
         with_vocab(ModelConfig(), cache_dir, "synthetic")
+
+
+@pytest.fixture(scope="module")
+def synthetic_cache(tmp_path_factory) -> str:
+    cache = tmp_path_factory.mktemp("batches_synthetic")
+    syn = SyntheticConfig(topics=2, symbols=5, length=12, train_sequences=40, val_sequences=10)
+    build_cache(DataConfig(source="synthetic", synthetic=syn, cache_dir=str(cache)), progress=False)
+    return str(cache)
+
+
+def test_synthetic_micro_batches_are_whole_sequences(synthetic_cache):
+    x, y = step_rows("cache", synthetic_cache, seed=1, batch=4, accum=2, world=1, step=0)
+    assert (x[:, 0] == 0).all() and (y > 0).all()  # end-of-text, then 12 symbols
+
+
+def test_train_seq_len_must_be_the_synthetic_sequence_length(synthetic_cache, tmp_path):
+    stamp = tmp_path / "stamp.json"
+    assert len(check_data("cache", synthetic_cache, 12, stamp)) == 64
+    with pytest.raises(ParamsError, match=r"^train.seq_len: 128 differs from the sequence length 12 of "
+                                          r"the sequence-aligned token cache in .*\(data.synthetic.length\)"):
+        check_data("cache", synthetic_cache, 128, stamp)
+    with pytest.raises(ParamsError, match=r"^train.opt.pretokenized: false cuts random spans"):
+        check_data("raw", synthetic_cache, 12, stamp)

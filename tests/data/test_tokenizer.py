@@ -3,7 +3,8 @@ import random
 import pytest
 
 from ltm.data.corpus import DataError
-from ltm.data.tokenizer import END_OF_TEXT, end_of_text_id, load_tokenizer, save_tokenizer, train_tokenizer
+from ltm.data.tokenizer import (END_OF_TEXT, end_of_text_id, load_tokenizer, save_tokenizer,
+                                symbol_tokenizer, train_tokenizer)
 
 TEXTS = ["Now is the winter of our discontent", "Made glorious summer by this sun of York;",
          "And all the clouds that lour'd upon our house"] * 20
@@ -35,3 +36,12 @@ def test_too_small_vocabulary_is_a_clear_error(tmp_path):
         train_tokenizer(TEXTS, vocab_size=200)
     with pytest.raises(DataError, match="tokenizer not found"):
         load_tokenizer(tmp_path / "none.json")
+
+
+def test_symbol_tokenizer_round_trips_and_reads_other_words_as_end_of_text(tmp_path):
+    save_tokenizer(symbol_tokenizer(5), tmp_path / "tok.json")
+    tokenizer = load_tokenizer(tmp_path / "tok.json")
+    assert tokenizer.get_vocab_size() == 6 and end_of_text_id(tokenizer) == 0
+    assert tokenizer.encode("s0 s4  s2\ns1").ids == [1, 5, 3, 2]
+    assert tokenizer.decode([0, 1, 5, 3]) == "s0 s4 s2"
+    assert tokenizer.encode("ROMEO: s3").ids == [0, 4]
