@@ -21,6 +21,7 @@ from ltm.train import checkpoint as ckpt
 from ltm.data.batches import MicroBatches, check_data, check_lengths, open_source, with_vocab
 from ltm.train.hardware import (allow_recompiles, autocast, find_batch_size, peak_flops, peak_memory,
                           setup_distributed)
+from ltm.latent.encoder import attach_encoder
 from ltm.latent.evaluate import validation_metrics
 from ltm.data.batches import resolve_data
 from ltm.train.float8 import convert_fp8
@@ -106,6 +107,8 @@ class Trainer:
             apply_fused_ops(self.model, self.sw.fused_ops)
         if self.sw.fp8 != "off":
             convert_fp8(self.model, self.device, self.sw.fp8)
+        # after the speed conversions, which are the decoder's: the encoder (latent.init encoder)
+        attach_encoder(self.model, cfg.latent)
         self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent,
                                     fused_ce="cross_entropy" in self.sw.fused_ops)
         self.batch_size = cfg.batch_size
