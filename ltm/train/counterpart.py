@@ -103,7 +103,8 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
     note += ("; curves by inference steps over " + ("all validation batches" if curve_batches
              is None else f"the first {curve_batches} validation batches"))
     keys = ("n_latent", "latent_steps", "val_nelbo", "val_nll_given_fitted_z", "val_kl_per_token",
-            "val_prefix_nll", "val_nelbo_by_steps", "val_prefix_nll_by_steps")
+            "val_prefix_nll", "val_nelbo_by_steps", "val_nll_by_steps", "val_kl_by_steps",
+            "val_prefix_nll_by_steps", "val_iwae_steps", "val_iwae_by_samples")
     return {"model": name, "note": note, **{k: m[k] for k in keys if k in m}}
 
 
