@@ -45,8 +45,8 @@ class SamplesConfig:
     temperature: float = 0.8  # 0 = greedy
     top_k: int = 50
     seed: int = 0  # the same text for the same checkpoint
-    # latent models: z = latent_scale * N(0, I) (the authors sweep 0.5-1.0; here the decoder
-    # RMS-normalises each latent, so a global scale acts only through the norm's eps)
+    # latent models: z = latent_scale * N(0, I) (the authors sweep 0.5-1.0; with model.latent_norm
+    # the decoder RMS-normalises each latent, so a global scale acts only through the norm's eps)
     latent_scale: float = 1.0
 
     def __post_init__(self) -> None:

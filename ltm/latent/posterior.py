@@ -9,6 +9,8 @@ z (n_layers * n_latent, d_model). The inner loop minimises, per sequence, the ne
 
 E_q estimated with one reparameterised sample z = mu + exp(log_var / 2) * eps. For kl_weight = 1,
 NELBO(q) >= -log p(x) for every q, whatever the inner loop did: that is the bound reported.
+q starts (train.latent.init) where the authors start it (mu near 0, a narrow sigma), at the prior
+N(0, I), or where an encoder of the sequence puts it (semi-amortised, ltm.latent.encoder).
 
 The inner step (`inner_step`) needs the gradient with respect to z only: the fitter freezes the
 decoder while it runs, so no weight gradient is formed, and the head's loss goes through
@@ -33,12 +35,14 @@ import torch.nn.functional as F
 
 from ltm.model.cross_entropy import fused_row_nll
 from ltm.model.cross_entropy import CHUNK_LOGITS, IGNORE_INDEX
-from ltm.params import check
+from ltm.params import ParamsError, check
 from ltm.model.lm import LTM, ModelConfig
 
 
 # (z, *data) -> (B,) summed token NLL of each sequence given its latents z (B, L, D)
 SequenceNLL = Callable[..., torch.Tensor]
+# data -> (mu, log_var) (B, L, D) each: q's start predicted from the data (train.latent.init encoder)
+Start = Callable[[tuple], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclasses.dataclass
@@ -59,9 +63,14 @@ class LatentConfig:
     eps: float = 1e-8
     # adamw only: decoupled decay of mu and log_var (torch's AdamW default)
     weight_decay: float = 0.01
-    # q's start: mu ~ mu_init_std * N(0, 1), log_var = log_var_init (a narrow q)
+    # q's start, before the inner steps. authors: mu ~ mu_init_std * N(0, 1), log_var =
+    # log_var_init (a narrow q); prior: q = N(0, I); encoder: (mu, log_var) predicted from the
+    # sequence by ltm.latent.encoder (semi-amortised: the steps refine it)
+    init: Literal["authors", "prior", "encoder"] = "authors"
     mu_init_std: float = 0.01
     log_var_init: float = -5.0
+    # init encoder: blocks of the encoder (slot queries cross-attending to the tokens, then an MLP)
+    encoder_layers: int = 1
     # one noise sample per sequence for all inner steps, and for the decoder's sample
     reuse_noise: bool = True
     # weight of the KL in the inner objective; the reported bound always weighs it 1
@@ -75,6 +84,9 @@ class LatentConfig:
     eval_batches: int | None = None
     # samples of z averaged in E_q[NLL] of the reported bound
     eval_samples: int = 1
+    # final metrics: the importance-weighted bound with each of these numbers of samples of q
+    # fitted by the last of eval_steps (val_iwae_by_samples); [] = none
+    iwae_samples: list[int] = dataclasses.field(default_factory=lambda: [1, 8, 64])
 
     def __post_init__(self):
         check(self.steps >= 0, "steps", f"must be >= 0, got {self.steps}")
@@ -93,6 +105,10 @@ class LatentConfig:
         check(all(s >= 0 for s in self.eval_steps), "eval_steps",
               f"must all be >= 0, got {self.eval_steps}")
         check(self.eval_samples >= 1, "eval_samples", f"must be >= 1, got {self.eval_samples}")
+        check(self.encoder_layers >= 1, "encoder_layers",
+              f"must be >= 1, got {self.encoder_layers}")
+        check(all(k >= 1 for k in self.iwae_samples), "iwae_samples",
+              f"must all be >= 1, got {self.iwae_samples}")
         check(self.eval_batches is None or self.eval_batches >= 1, "eval_batches",
               f"must be >= 1 or null, got {self.eval_batches}")
 
@@ -219,15 +235,17 @@ class Posterior:
 
 class PosteriorFitter:
     """The inner loop for one decoder: `fit` returns the posterior of a batch. nll(z, *data) ->
-    (B,) summed NLL per sequence; `decoder`: the parameters frozen while fitting. compile:
+    (B,) summed NLL per sequence; `decoder`: the parameters frozen while fitting; start: q's
+    start from the data, which cfg.init encoder needs (see `initial`). compile:
     torch.compile the nll, whose forward and backward (to z alone) then run as compiled graphs,
     the same ones at every step (the step index and size are tensors; the KL and the update stay
     eager: a few elementwise kernels on z-sized tensors). fullgraph: fail on a graph break
     instead of running the broken part eagerly."""
 
     def __init__(self, nll: SequenceNLL, cfg: LatentConfig, compile: bool = False,
-                 fullgraph: bool = False, decoder: Iterable[torch.nn.Parameter] = ()) -> None:
-        self.nll, self.cfg, self.decoder = nll, cfg, list(decoder)
+                 fullgraph: bool = False, decoder: Iterable[torch.nn.Parameter] = (),
+                 start: Start | None = None) -> None:
+        self.nll, self.cfg, self.decoder, self.start = nll, cfg, list(decoder), start
         self.step_nll = torch.compile(nll, fullgraph=fullgraph) if compile else nll
         self.step_fn = functools.partial(inner_step, self.step_nll, cfg)
 
@@ -236,15 +254,40 @@ class PosteriorFitter:
         with frozen(self.decoder):
             return self.step_fn(*args)
 
+    def initial(self, data: tuple, noise: torch.Tensor,
+                start: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q's start (mu, log_var), new float32 tensors of noise's shape (B, L, D) that the steps
+        update in place: `start` where given (the training step passes the encoder's output it
+        trains), else by cfg.init: authors mu = mu_init_std * noise, log_var = log_var_init;
+        prior 0 and 0; encoder the fitter's start(data), without gradients."""
+        cfg = self.cfg
+        if start is None and cfg.init == "encoder":
+            if self.start is None:
+                raise ParamsError("train.latent.init: 'encoder' needs a start from the data (the "
+                                  "model's encoder), this fitter has none")
+            with torch.no_grad():
+                start = self.start(data)
+        if start is not None:
+            if any(tuple(t.shape) != tuple(noise.shape) for t in start):
+                raise ValueError(f"start: expected (mu, log_var) of shape {tuple(noise.shape)}, "
+                                 f"got {[tuple(t.shape) for t in start]}")
+            return tuple(t.detach().to(torch.float32, copy=True) for t in start)
+        if cfg.init == "prior":
+            return torch.zeros_like(noise), torch.zeros_like(noise)
+        return cfg.mu_init_std * noise, torch.full_like(noise, cfg.log_var_init)
+
     def fit(self, data: tuple, shape: tuple[int, ...], steps: int | None = None,
-            generator: torch.Generator | None = None) -> Posterior:
+            generator: torch.Generator | None = None,
+            start: tuple[torch.Tensor, torch.Tensor] | None = None) -> Posterior:
         """Fit q for the batch `data` (the nll's tensors, e.g. (x, y)) with `steps` inner steps
-        (default cfg.steps) from q's initial state; z of `shape` (B, L, D). Draws the initial mu
-        and the noise from `generator` (default: the global generator)."""
+        (default cfg.steps) from q's initial state (see `initial`; start: given instead); z of
+        `shape` (B, L, D). Draws the authors' initial mu and the noise from `generator`
+        (default: the global generator), the first for every init: all inits share the noise."""
         cfg, device = self.cfg, data[0].device
         steps = cfg.steps if steps is None else steps
-        mu = cfg.mu_init_std * torch.randn(shape, device=device, generator=generator)  # (B, L, D)
-        log_var = torch.full(shape, cfg.log_var_init, device=device)
+        noise = torch.randn(shape, device=device, generator=generator)  # (B, L, D)
+        mu, log_var = self.initial(data, noise, start)
         eps = torch.randn(shape, device=device, generator=generator)
         state = tuple(torch.zeros(shape, device=device) for _ in range(4))
         lrs = step_sizes(cfg, steps, device)  # (steps,)
@@ -259,11 +302,25 @@ class PosteriorFitter:
         return Posterior(mu, log_var, eps, objective)
 
 
+def encoder_start(model: LTM, data: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, log_var) (B, n_layers * n_latent, d_model) each of model.encoder (ltm.latent.encoder)
+    for data = (x, y): it reads the input tokens x (B, T) as the decoder embeds them, detached
+    (the embedding is the decoder's, trained by the decoder's loss alone)."""
+    return model.encoder(model.embed(data[0]).detach())
+
+
 def decoder_fitter(model: LTM, cfg: LatentConfig, compile: bool = False,
                    fullgraph: bool = False) -> PosteriorFitter:
-    """The inner loop of a latent LTM, data = (x, y) (B, T) each; the model frozen while fitting."""
+    """The inner loop of a latent LTM, data = (x, y) (B, T) each; the model frozen while fitting;
+    with cfg.init encoder, q starts at the model's encoder's prediction."""
+    start = None
+    if cfg.init == "encoder" and model.cfg.n_latent > 0:
+        if model.encoder is None:
+            raise ParamsError("train.latent.init: 'encoder' needs the model's encoder "
+                              "(ltm.latent.encoder.attach_encoder), this model has none")
+        start = functools.partial(encoder_start, model)
     return PosteriorFitter(functools.partial(sequence_nll, model), cfg, compile, fullgraph,
-                           model.parameters())
+                           model.parameters(), start)
 
 
 # ---------------------------------------------------------------------------------------------

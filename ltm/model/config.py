@@ -57,6 +57,10 @@ class ModelConfig:
     fused_proj: bool = False
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
+    # RMS-normalise each latent before its cross-attention's keys and values (then a global scale
+    # of z reaches the decoder only through the norm's eps); false = z enters raw, as the LTM
+    # authors feed it
+    latent_norm: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     # recompute each block in the backward pass instead of storing its activations

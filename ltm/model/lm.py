@@ -53,7 +53,8 @@ class LatentCrossAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.latent_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        # model.latent_norm false: no norm, z's scale reaches the keys and values
+        self.latent_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.latent_norm else None
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -62,7 +63,9 @@ class LatentCrossAttention(nn.Module):
         """Keys and values (B, H, n_latent, D) of the latents z (B, n_latent, C); generation
         computes them once."""
         B, L, _ = z.shape
-        k, v = self.kv_proj(self.latent_norm(z)).view(B, L, 2, self.n_heads, self.head_dim).unbind(2)
+        if self.latent_norm is not None:
+            z = self.latent_norm(z)
+        k, v = self.kv_proj(z).view(B, L, 2, self.n_heads, self.head_dim).unbind(2)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -122,6 +125,9 @@ class LTM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # tied embeddings: the head reads logits off the embedding table
         self.lm_head.weight = self.embed.weight
+        # the amortised start of q(z) (train.latent.init encoder), attached after construction
+        # by ltm.latent.encoder: part of the model's parameters and state dict, never of hidden()
+        self.encoder: nn.Module | None = None
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
@@ -252,8 +258,9 @@ class LTM(nn.Module):
             6 * N + 6 * d_model * vocab + n_layers * (mixer + latents)
 
         N counts the weights applied to every token (non-embedding parameters except the
-        latents' key/value projections and norms): 2 FLOPs per weight forward, 4 backward. The
-        tied head's matmul is 6 * d_model * vocab (its weight is the embedding, not in N).
+        latents' key/value projections and norms, and the encoder of q's start, if any): 2 FLOPs
+        per weight forward, 4 backward. The tied head's matmul is 6 * d_model * vocab (its weight
+        is the embedding, not in N).
         mixer, per layer: attention 12 * d_model * context with context = min(seq_len, window)
         (PaLM's count: q.k and p.v over the whole context, not halved for causality); rwkv7 and
         deltanet 18 * n_states * D * D (the D x D state is read, written and queried once per
@@ -268,12 +275,14 @@ class LTM(nn.Module):
         else:
             n_states = 2 * cfg.n_heads if cfg.hierarchical else cfg.n_heads
             mixer = 18 * n_states * cfg.head_dim ** 2
-        per_token_params = self.num_params(non_embedding=True)
+        # the encoder runs once per sequence beside the decoder: not a weight of every token
+        per_token_params = self.num_params(non_embedding=True) - (
+            0 if self.encoder is None else sum(p.numel() for p in self.encoder.parameters()))
         latents = 0.0
         if cfg.n_latent > 0:
             per_sequence = sum(p.numel() for block in self.blocks
-                               for p in (*block.cross.kv_proj.parameters(),
-                                         *block.cross.latent_norm.parameters()))
+                               for m in (block.cross.kv_proj, block.cross.latent_norm)
+                               if m is not None for p in m.parameters())
             per_token_params -= per_sequence
             kv_params = 2 * cfg.d_model ** 2
             latents = 12 * cfg.d_model * cfg.n_latent + 6 * kv_params * cfg.n_latent / seq_len

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ltm.latent.encoder import attach_encoder
+from ltm.latent.posterior import LatentConfig
 from ltm.model.config import ModelConfig
 from ltm.model.decoding import GenerationError
 from ltm.model.lm import LTM
@@ -191,7 +193,8 @@ def seed_everything(seed: int) -> None:
 
 def load_model(checkpoint: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> LTM:
-    """The model of a train-stage checkpoint (its folder or file); its config is inside."""
+    """The model of a train-stage checkpoint (its folder or file); its config is inside, and
+    so is the encoder of q's start where the run had one (train.latent.init encoder)."""
     path = Path(checkpoint)
     if path.is_dir():
         path = path / CHECKPOINT_FILE
@@ -201,5 +204,8 @@ def load_model(checkpoint: str | Path, device: str | torch.device = "cpu",
     if not isinstance(saved, dict) or "model" not in saved or "model_cfg" not in saved:
         raise GenerationError(f"{path}: not a checkpoint of ltm.stages.train (no model or model_cfg)")
     model = LTM(from_mapping(ModelConfig, saved["model_cfg"], f"{path}: model_cfg"))
+    # the encoder of q's start, if the run trained one (train.latent.init encoder)
+    latent = (saved.get("train_cfg") or {}).get("latent")
+    attach_encoder(model, from_mapping(LatentConfig, latent, f"{path}: train_cfg.latent"))
     model.load_state_dict(saved["model"])
     return model.to(device=device, dtype=dtype).eval()

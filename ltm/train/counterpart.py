@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 import torch
 
+from ltm.latent.posterior import LatentConfig
 from ltm.model.config import ModelConfig
 from ltm.train.settings import CounterpartConfig, TrainConfig, TrainResult
 from ltm.model.lm import LTM
@@ -48,6 +49,13 @@ def flops_of(model_cfg: ModelConfig, seq_len: int, inner_steps: int) -> float:
         flops += inner_steps * inner_flops_per_token(flops, model.num_params(), model_cfg.d_model,
                                                      model_cfg.vocab_size)
     return flops
+
+
+def inner_passes(latent: LatentConfig) -> int:
+    """Inner-step equivalents per training batch: the steps, plus one for the encoder's NELBO
+    (init encoder: a forward and a backward to z through the frozen decoder; the encoder's own
+    small cost left out)."""
+    return latent.steps + (1 if latent.init == "encoder" and latent.steps > 0 else 0)
 
 
 def _normalised(cfg: TrainConfig) -> TrainConfig:
@@ -95,7 +103,8 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
     note += ("; curves by inference steps over " + ("all validation batches" if curve_batches
              is None else f"the first {curve_batches} validation batches"))
     keys = ("n_latent", "latent_steps", "val_nelbo", "val_nll_given_fitted_z", "val_kl_per_token",
-            "val_prefix_nll", "val_nelbo_by_steps", "val_prefix_nll_by_steps")
+            "val_prefix_nll", "val_nelbo_by_steps", "val_nll_by_steps", "val_kl_by_steps",
+            "val_prefix_nll_by_steps", "val_iwae_steps", "val_iwae_by_samples")
     return {"model": name, "note": note, **{k: m[k] for k in keys if k in m}}
 
 
@@ -140,16 +149,17 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
     resolved = with_vocab(model_cfg, cache_dir, "synthetic" if cfg.data == "synthetic" else "cache")
     runs: dict[str, tuple[str, TrainResult, float]] = {}
     main_name = LATENT if latent_main else PLAIN
-    main_flops = flops_of(resolved, cfg.seq_len, cfg.latent.steps if latent_main else 0)
+    main_flops = flops_of(resolved, cfg.seq_len, inner_passes(cfg.latent) if latent_main else 0)
     runs[main_name] = ("configured", main, main_flops)
 
     if latent_main:  # the plain model at equal tokens
         other_cfg, other_train = dataclasses.replace(model_cfg, n_latent=0), _normalised(cfg)
-        other_inner = 0
+        other_inner = other_passes = 0
     else:  # the latent model at equal tokens
         other_cfg = dataclasses.replace(model_cfg, n_latent=cp.n_latent)
         other_train = _latent_train_cfg(cfg, cp)
         other_inner = other_train.latent.steps
+        other_passes = inner_passes(other_train.latent)
     other = LATENT if not latent_main else PLAIN
     say(f"counterpart ({other}, equal training tokens) in {out_dir / SUBFOLDERS[other]}"
         + (f": n_latent {cp.n_latent}, {other_inner} inner step{'' if other_inner == 1 else 's'}"
@@ -158,7 +168,7 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
                           progress)
     runs[other] = ("counterpart: equal tokens", result,
                    flops_of(dataclasses.replace(resolved, n_latent=other_cfg.n_latent),
-                            cfg.seq_len, other_inner))
+                            cfg.seq_len, other_passes))
 
     curve_batches = (cfg.latent if latent_main else other_train.latent).eval_batches
     rows = [_row(name, role, res, flops) for name, (role, res, flops) in runs.items()]

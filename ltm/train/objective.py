@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltm.latent.posterior import LatentConfig, decoder_fitter, latent_shape
+from ltm.latent.encoder import amortised_nelbo
+from ltm.latent.posterior import LatentConfig, decoder_fitter, encoder_start, latent_shape, token_counts
 from ltm.model.cross_entropy import IGNORE_INDEX, chunked_loss, fused_linear_cross_entropy
 from ltm.model.lm import LTM
 
@@ -20,6 +21,9 @@ class LossModel(nn.Module):
     posterior q(z) from the inner loop (ltm.latent.posterior.PosteriorFitter: latent.steps steps on the
     negative ELBO, only q's parameters updated), then the decoder's loss is the mean token
     cross-entropy given one sample of q, detached: the slow step, as in Latent Thought Models.
+    With latent.init encoder (model.encoder attached, ltm.latent.encoder) q starts at the
+    encoder's prediction, and the encoder's own NELBO per token joins the loss's gradient, not its
+    value: the loss returned (the train curve) stays the decoder's cross-entropy.
     latent: the train.latent section (None = its defaults); compile also compiles the inner step
     when latent.compile is auto. fused_ce: Liger-Kernel's fused linear cross-entropy
     (train.opt.fused_ops cross_entropy, ltm.train.fused_ops) instead of either loss above."""
@@ -46,6 +50,10 @@ class LossModel(nn.Module):
         return chunked_loss(hidden, self.model.lm_head.weight, y, compile=self.compile)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.uses_latents and self.latent.init == "encoder":
+            z, encoder_loss = self.semi_amortised_sample(x, y)
+            # value 0, gradient the encoder's: the returned loss stays the decoder's
+            return self.loss(x, y, z) + (encoder_loss - encoder_loss.detach())
         z = self.posterior_sample(x, y) if self.uses_latents else None
         return self.loss(x, y, z)
 
@@ -57,3 +65,16 @@ class LossModel(nn.Module):
         detached: the inner loop's own noise when latent.reuse_noise."""
         post = self.fitter.fit((x, y), latent_shape(self.model.cfg, x.shape[0]))
         return post.sample()
+
+    @torch.compiler.disable
+    def semi_amortised_sample(self, x: torch.Tensor,
+                              y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z, encoder_loss): z (B, n_layers * n_latent, d_model) a detached sample of the
+        posterior refined from the encoder's start by the inner loop; encoder_loss (0-dim) the
+        NELBO per token of the encoder's own q, at the inner loop's noise, whose gradient reaches
+        the encoder alone (ltm.latent.encoder.amortised_nelbo)."""
+        mu, log_var = encoder_start(self.model, (x, y))  # (B, L, D) each, with gradients
+        post = self.fitter.fit((x, y), latent_shape(self.model.cfg, x.shape[0]),
+                               start=(mu, log_var))
+        nelbo = amortised_nelbo(self.fitter, (x, y), mu, log_var, post.eps)  # (B,)
+        return post.sample(), nelbo.sum() / token_counts(y).sum().clamp(min=1)

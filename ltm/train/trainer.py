@@ -21,6 +21,7 @@ from ltm.train import checkpoint as ckpt
 from ltm.data.batches import MicroBatches, check_data, check_lengths, open_source, with_vocab
 from ltm.train.hardware import (allow_recompiles, autocast, find_batch_size, peak_flops, peak_memory,
                           setup_distributed)
+from ltm.latent.encoder import attach_encoder
 from ltm.latent.evaluate import validation_metrics
 from ltm.data.batches import resolve_data
 from ltm.train.float8 import convert_fp8
@@ -59,7 +60,8 @@ def evaluate_metrics(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: i
     latents' noise). A latent model (loss_model.uses_latents) is scored by the negative ELBO with
     q fitted by train.latent.steps inner steps; val_loss is that bound, never the NLL given the
     fitted z alone; a plain model's val_loss is its NLL. full: also the bound by inference steps
-    (train.latent.eval_steps) and the second half's NLL given the first half."""
+    (train.latent.eval_steps), split into NLL and KL, the importance-weighted bound
+    (train.latent.iwae_samples) and the second half's NLL given the first half."""
     inner = _unwrap(loss_model)
     inner.eval()
     with autocast(device, sw.amp):
@@ -67,7 +69,8 @@ def evaluate_metrics(loss_model: nn.Module, val, cfg: TrainConfig, batch_size: i
             inner.model, inner.fitter if inner.uses_latents else None,
             _val_pieces(val, cfg, batch_size, device, rank, world), full=full,
             eval_steps=cfg.latent.eval_steps, samples=cfg.latent.eval_samples, seed=cfg.seed,
-            reduce=dist.all_reduce if world > 1 else None, eval_batches=cfg.latent.eval_batches)
+            reduce=dist.all_reduce if world > 1 else None, eval_batches=cfg.latent.eval_batches,
+            iwae_samples=cfg.latent.iwae_samples)
     inner.train()
     return metrics
 
@@ -106,6 +109,8 @@ class Trainer:
             apply_fused_ops(self.model, self.sw.fused_ops)
         if self.sw.fp8 != "off":
             convert_fp8(self.model, self.device, self.sw.fp8)
+        # after the speed conversions, which are the decoder's: the encoder (latent.init encoder)
+        attach_encoder(self.model, cfg.latent)
         self.loss_model = LossModel(self.model, self.sw.fused_loss, self.sw.compile, cfg.latent,
                                     fused_ce="cross_entropy" in self.sw.fused_ops)
         self.batch_size = cfg.batch_size

@@ -1,14 +1,20 @@
 """ltm.latent.evaluate: the bound is NLL + KL per token, no metric named like a likelihood leaves out
-the KL, the prefix metric is the suffix's NLL given the prefix, the curves by inference steps."""
+the KL, the prefix metric is the suffix's NLL given the prefix, the curves by inference steps, the
+importance-weighted bound against a likelihood known in closed form."""
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.latent.posterior import LatentConfig, decoder_fitter, latent_shape
-from ltm.latent.evaluate import nelbo_per_token, validation_metrics
+from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, gaussian_kl,
+                                  latent_shape)
+from ltm.latent.evaluate import iwae_bounds, nelbo_per_token, validation_metrics
 from ltm.model.cross_entropy import IGNORE_INDEX
 from test_posterior import tiny_model, topic_batch
+
+# one intra-op thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_bound_is_nll_plus_kl_per_token_for_a_fixed_posterior():
@@ -86,3 +92,72 @@ def test_curves_by_inference_steps_cover_eval_batches_and_the_prefix():
                         rel_tol=1e-6)  # equal token counts
     # 0 inner steps: the suffix given a z of q's initial state, not the fitted one
     assert first["val_prefix_nll_by_steps"][0] != first["val_prefix_nll_by_steps"][3]
+
+
+def test_split_bounds_sum_to_the_total_and_the_iwae_leaves_the_other_metrics_alone():
+    model = tiny_model()
+    fitter = decoder_fitter(model, LatentConfig(steps=2))
+    batches = latent_and_plain_batches()
+    plain = validation_metrics(model, fitter, batches, eval_steps=[0, 3])
+    metrics = validation_metrics(model, fitter, batches, eval_steps=[0, 3], iwae_samples=[1, 4])
+    for n in (0, 3):
+        split = metrics["val_nll_by_steps"][n] + metrics["val_kl_by_steps"][n]
+        assert math.isclose(split, metrics["val_nelbo_by_steps"][n], rel_tol=1e-12)
+        assert metrics["val_kl_by_steps"][n] > 0
+    # the importance-weighted bound draws after everything else: no other metric moves
+    assert {k: v for k, v in metrics.items() if "iwae" not in k} == plain
+    assert metrics["val_iwae_steps"] == 3 and set(metrics["val_iwae_by_samples"]) == {1, 4}
+    assert all(math.isfinite(v) for v in metrics["val_iwae_by_samples"].values())
+
+
+def gaussian_case(n: int = 6, shape: tuple = (5, 2, 3), seed: int = 0):
+    """A decoder whose -log p(x) is known: n observations x_i ~ N(z, 1) of each coordinate of z
+    ~ N(0, I). Returns (nll(z, data) -> (B,), data (n, B, L, D), exact -log p(x) (B,), the exact
+    posterior's mu and log_var); float64 throughout."""
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randn(n, *shape, generator=generator, dtype=torch.float64) + 1.5
+
+    def nll(z, data):
+        return (0.5 * (data - z).square() + 0.5 * math.log(2 * math.pi)).sum(0).flatten(1).sum(1)
+
+    # x of one coordinate ~ N(0, I + 1 1^T): its inverse is I - 1 1^T / (n + 1), its
+    # determinant n + 1
+    total = data.sum(0)
+    quadratic = data.square().sum(0) - total.square() / (n + 1)
+    exact = (0.5 * quadratic + 0.5 * math.log(n + 1)
+             + 0.5 * n * math.log(2 * math.pi)).flatten(1).sum(1)
+    mu, log_var = total / (n + 1), torch.full(shape, -math.log(n + 1), dtype=torch.float64)
+    return nll, data, exact, mu, log_var
+
+
+def test_the_iwae_of_the_exact_posterior_is_the_exact_likelihood():
+    # w = p(x, z) / p(z | x) = p(x) for every z: each bound is -log p(x), whatever the draws
+    nll, data, exact, mu, log_var = gaussian_case()
+    bounds = iwae_bounds(nll, (data,), mu, log_var, [1, 3, 16],
+                         torch.Generator().manual_seed(1))
+    assert bounds.shape == (3, 5)
+    assert torch.allclose(bounds, exact.expand(3, -1), rtol=1e-10, atol=1e-9)
+
+
+def test_the_iwae_bounds_the_likelihood_and_tightens_with_samples():
+    # q from 3 inner steps from the prior: far from the posterior, so the samples matter. The
+    # bound is an upper bound in expectation: averaged over 200 draw sets (fixed seeds), each K's
+    # mean sits above -log p(x), falls with K, and K = 1's is the NELBO (the same fitter's q)
+    nll, data, exact, _, _ = gaussian_case()
+    fitter = PosteriorFitter(nll, LatentConfig(steps=3, init="prior"))
+    post = fitter.fit((data,), (5, 2, 3), generator=torch.Generator().manual_seed(0))
+    mu, log_var = post.mu.double(), post.log_var.double()
+    ks = [1, 4, 16, 64]
+    runs = torch.stack([iwae_bounds(fitter.nll, (data,), mu, log_var, ks,
+                                    torch.Generator().manual_seed(seed)) for seed in range(200)])
+    mean = runs.mean(0)  # (len(ks), B)
+    stderr = runs.std(0) / math.sqrt(len(runs))
+    gap = mean - exact  # (len(ks), B)
+    assert (gap > -3 * stderr).all(), gap
+    assert (gap[1:] < gap[:-1]).all(), gap
+    assert (gap[-1] < 0.5 * gap[0]).all(), gap
+    # K = 1 is an unbiased estimate of the NELBO: E_q[nll] in closed form, plus the KL
+    var = log_var.exp()
+    nelbo = ((0.5 * ((data - mu).square() + var) + 0.5 * math.log(2 * math.pi)).sum(0).flatten(1)
+             .sum(1) + gaussian_kl(mu, log_var))
+    assert ((mean[0] - nelbo).abs() < 4 * stderr[0]).all(), (mean[0], nelbo)

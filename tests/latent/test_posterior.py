@@ -148,6 +148,10 @@ def test_no_latents_with_zero_inner_steps():
     ({"eval_samples": 0}, "train.latent.eval_samples: must be >= 1, got 0"),
     ({"compile": "yes"}, "train.latent.compile: expected bool or 'auto', got 'yes'"),
     ({"step": 3}, "train.latent.step: unknown parameter (did you mean 'steps'?)"),
+    ({"init": "amortised"},
+     "train.latent.init: expected 'authors' or 'prior' or 'encoder', got 'amortised'"),
+    ({"encoder_layers": 0}, "train.latent.encoder_layers: must be >= 1, got 0"),
+    ({"iwae_samples": [1, 0]}, "train.latent.iwae_samples: must all be >= 1, got [1, 0]"),
 ])
 def test_bad_latent_values_fail_with_one_line(mapping, message):
     with pytest.raises(ParamsError) as err:
@@ -179,3 +183,34 @@ def test_the_inner_loop_forms_no_weight_gradient_and_leaves_the_decoder_trainabl
     assert all(p.grad is None for p in model.parameters())
     assert all(p.requires_grad for p in model.parameters())
     assert seen == [], "the inner loop went through lm_head's module (the logits path)"
+
+
+def initial_posterior(init: str, model: LTM | None = None, seed: int = 3):
+    """q after 0 inner steps of a fitter with train.latent.init `init`, and the shape of z."""
+    model = tiny_model() if model is None else model
+    x, y = topic_batch(3, 8, torch.Generator().manual_seed(0))
+    shape = latent_shape(model.cfg, 3)
+    fitter = decoder_fitter(model, LatentConfig(init=init))
+    return fitter.fit((x, y), shape, steps=0, generator=torch.Generator().manual_seed(seed)), shape
+
+
+def test_each_init_starts_where_it_says_and_all_share_the_noise():
+    authors, shape = initial_posterior("authors")
+    replay = torch.Generator().manual_seed(3)
+    noise, eps = torch.randn(shape, generator=replay), torch.randn(shape, generator=replay)
+    cfg = LatentConfig()
+    assert torch.equal(authors.mu, cfg.mu_init_std * noise)
+    assert torch.equal(authors.log_var, torch.full(shape, cfg.log_var_init))
+    prior, _ = initial_posterior("prior")
+    assert torch.equal(prior.mu, torch.zeros(shape)) and torch.equal(prior.log_var, torch.zeros(shape))
+    # the same draws for every init: the inner loop's noise does not depend on where q starts
+    assert torch.equal(authors.eps, eps) and torch.equal(prior.eps, eps)
+    assert torch.equal(prior.kl(), torch.zeros(3))
+
+
+def test_an_encoder_init_needs_a_start_from_the_data():
+    with pytest.raises(ParamsError, match="train.latent.init: 'encoder' needs the model's encoder"):
+        decoder_fitter(tiny_model(), LatentConfig(init="encoder"))
+    fitter = PosteriorFitter(lambda z, data: z.flatten(1).sum(1), LatentConfig(init="encoder"))
+    with pytest.raises(ParamsError, match="train.latent.init: 'encoder' needs a start"):
+        fitter.fit((torch.zeros(2, 3),), (2, 1, 3), steps=0)

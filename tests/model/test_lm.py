@@ -192,6 +192,21 @@ def test_a_global_scale_of_the_latents_does_not_reach_the_decoder():
     assert rel_err(full, half) < 1e-4, f"seed={seed}"
 
 
+def test_without_the_latent_norm_the_scale_of_z_reaches_the_decoder():
+    # model.latent_norm false: z enters the cross-attention raw (the authors' way)
+    seed = new_seed()
+    model = tiny(MIXERS["attention"], n_latent=2, latent_norm=False)
+    idx, z = torch.randint(0, VOCAB, (2, 7)), latents(model, 2)
+    full, _ = model(idx, z=z)
+    half, _ = model(idx, z=0.5 * z)
+    assert rel_err(full, half) > 1e-3, f"seed={seed}"
+    assert not any("latent_norm" in name for name in model.state_dict())
+    # the norm's weight leaves the per-sequence count with the norm
+    with_norm = tiny(MIXERS["attention"], n_latent=2)
+    assert model.num_params() == with_norm.num_params() - 2 * 24
+    assert model.flops_per_token(7) == with_norm.flops_per_token(7)
+
+
 def test_forward_is_tied_head_on_hidden_and_loss_ignores_the_ignore_index():
     seed = new_seed()
     model = tiny(MIXERS["deltanet"], n_latent=1)

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from ltm.latent.encoder import attach_encoder
+from ltm.latent.posterior import LatentConfig
+from ltm.model.lm import LTM, ModelConfig
+from ltm.params import to_dict
 from ltm.train import checkpoint as ckpt
+from ltm.train.settings import TrainConfig
 
 
 def test_atomic_save_replaces_the_old_file_and_leaves_no_temp(tmp_path):
@@ -125,3 +130,23 @@ def test_finiteness_covers_weights_and_optimiser_state():
     weights = model.state_dict()
     weights["bias"][1] = float("nan")
     assert not ckpt.all_finite(weights, optimizer.state_dict())
+
+
+def test_load_model_restores_the_encoder_of_a_run_that_had_one(tmp_path):
+    cfg = ModelConfig(vocab_size=16, n_layers=1, d_model=32, n_heads=2, max_seq_len=32, n_latent=2)
+    torch.manual_seed(0)
+    model = attach_encoder(LTM(cfg), LatentConfig(init="encoder", encoder_layers=2))
+    with torch.no_grad():
+        model.encoder.head.weight.normal_()  # not the zeros a fresh encoder has
+    for name, latent in (("enc", LatentConfig(init="encoder", encoder_layers=2)),
+                         ("plain", LatentConfig())):
+        state = model.state_dict() if name == "enc" else LTM(cfg).state_dict()
+        ckpt.save_checkpoint(tmp_path / name / ckpt.CHECKPOINT_FILE, {
+            "model": state, "model_cfg": to_dict(cfg),
+            "train_cfg": to_dict(TrainConfig(latent=latent))})
+    loaded = ckpt.load_model(tmp_path / "enc")
+    assert loaded.encoder is not None and len(loaded.encoder.blocks) == 2
+    assert set(loaded.state_dict()) == set(model.state_dict())
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert ckpt.load_model(tmp_path / "plain").encoder is None

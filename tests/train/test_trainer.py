@@ -593,3 +593,18 @@ def test_data_auto_uses_the_cache_when_there_is_one(cache_dir, tmp_path, capsys)
     assert resolve_data("auto", str(tmp_path / "none"), print) == "synthetic"
     assert "random tokens" in capsys.readouterr().out
     assert resolve_data("synthetic", cache_dir, print) == "synthetic"
+
+
+def test_an_encoder_run_trains_saves_and_reports_its_encoder(cache_dir, tmp_path):
+    latent = LatentConfig(steps=2, init="encoder", eval_steps=[0, 2], iwae_samples=[1, 4])
+    model_cfg, cfg = tiny(steps=2, latent=latent, checkpoint_every=2)
+    model_cfg = ModelConfig(**{**model_cfg.__dict__, "n_latent": 2})
+    trainer = Trainer(model_cfg, cfg, cache_dir, str(tmp_path), progress=False)
+    head = trainer.model.encoder.head.weight.detach().clone()
+    result = trainer.run()
+    assert not torch.equal(head, trainer.model.encoder.head.weight), "the encoder did not train"
+    m = result.metrics
+    assert set(m["val_iwae_by_samples"]) == {1, 4} and m["val_iwae_steps"] == 2
+    assert all(math.isfinite(v) for v in m["val_nelbo_by_steps"].values())
+    loaded = ckpt.load_model(tmp_path)
+    assert torch.equal(loaded.encoder.head.weight, trainer.model.encoder.head.weight)
