@@ -9,12 +9,8 @@ import torch
 from ltm.ablation.protocol import ablate
 from ltm.ablation.switches import AblateConfig
 from ltm.report.figures import ablate_figure
-from tiny_corpus import cache_and_checkpoint
+from tiny_corpus import QUICK, TINY, cache_and_checkpoint
 
-TINY = {"model": {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_seq_len": 32},
-        "train": {"batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_batches": 1}}
-# few, short measurements: the verdicts below come from the fake timer, never from real speed
-QUICK = dict(warmup=1, steps=2, repeats=2, val_sequences=8, profile_steps=0, warm_start_steps=30)
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,12 @@ from ltm.data.synthetic import (SyntheticConfig, exact_log_likelihoods, generate
                                 log_likelihood, make_chains)
 from ltm.data.tokenizer import end_of_text_id, load_tokenizer
 from ltm.params import ParamsError
+from tiny_corpus import write_documents
 
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng()
-    words = ["king", "queen", "crown", "sword", "night", "love", "death", "the", "of", "and"]
-    for i in range(12):
-        text = " ".join(rng.choice(words, size=400 + 37 * i))
-        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n{text}\n")
-    return root
+    return write_documents(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

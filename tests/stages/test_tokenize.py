@@ -8,17 +8,12 @@ import pytest
 from ltm.data.synthetic import exact_log_likelihoods
 from ltm.params import ParamsError
 from ltm.stages.tokenize import tokenize_stage
+from tiny_corpus import write_documents
 
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng()
-    words = ["king", "queen", "crown", "sword", "night", "love", "death", "the", "of", "and"]
-    for i in range(12):
-        text = " ".join(rng.choice(words, size=400 + 37 * i))
-        (root / f"doc{i:02d}.txt").write_text(f"Document {i}.\n{text}\n")
-    return root
+    return write_documents(tmp_path_factory.mktemp("corpus"))
 
 
 def test_stage_reads_params_and_writes_metrics(corpus_dir, tmp_path):
