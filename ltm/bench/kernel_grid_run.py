@@ -3,7 +3,6 @@ fla per (op, shape), forward and forward+backward, tuned and on default configur
 floor and the errors against fla; the one-token decode steps against the torch step; the parallel
 warm-up of Triton's cache; and the JSON record. The tables and the summary of the measured rows
 are `ltm.bench.kernel_grid`'s; the why of each choice is in gpu/kernel_grid.py's docstring.
-
 The caller picks the device (`Grid.device`: cuda, or cpu under Triton's interpreter for the
 bookkeeping-only dry run, whose TRITON_INTERPRET must be set before this module is imported).
 """
