@@ -1,11 +1,11 @@
-"""gpu/levers_bench.py on the CPU (--tiny): the bookkeeping a GPU call relies on, so that a broken
+"""ltm.bench.levers through gpu/levers_bench.py on the CPU (--tiny): the bookkeeping a GPU call relies on, so that a broken
 script shows here rather than on the lent GPU. What it measures on a CPU means nothing."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "gpu"))
 
 import gpt2_baseline  # noqa: E402
