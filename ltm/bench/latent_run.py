@@ -209,7 +209,6 @@ def fused(model: LTM, fused_ops: list[str]) -> LTM:
     """model with ltm.train.fused_ops's kernels swapped in (train.opt.fused_ops), if any asked:
     imported here, as Triton kernels are (see tests/test_imports.py)."""
     if fused_ops:
-        # imports Triton: only when asked (Triton is optional where it has no wheel)
         from ltm.train.fused_ops import apply_fused_ops
         apply_fused_ops(model, fused_ops)
     return model

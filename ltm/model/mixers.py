@@ -325,7 +325,6 @@ class DeltaNet(nn.Module):
         H, D = self.n_heads, self.head_dim
         (qkv, gates), conv_state = self._project(x), None
         if self.conv is not None and state is None and self.kernel == "triton" and self.fused_conv:
-            # Triton kernels load on first use: Triton is optional where it has no wheel
             from ltm.kernels.short_conv import short_conv_qkv
             # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
             q, k, v = (t.view(B, T, H, D) for t in short_conv_qkv(qkv, self.conv.weight[:, 0].t(), D))
