@@ -1,14 +1,12 @@
 """ltm.latent.encoder: built only for init encoder, starts at the prior, its NELBO trains it and
 nothing else, and after a short training its q beats the prior's with no inner step."""
-import math
-
 import pytest
 import torch
 
 from ltm.latent.encoder import LatentEncoder, amortised_nelbo, attach_encoder
 from ltm.latent.evaluate import fitted_nelbo_sums
-from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, encoder_start,
-                                  gaussian_kl, latent_shape, sequence_nll)
+from ltm.latent.posterior import (LatentConfig, decoder_fitter, encoder_start, gaussian_kl,
+                                  latent_shape, sequence_nll)
 from ltm.model.lm import LTM, ModelConfig
 from ltm.train.objective import LossModel
 from test_posterior import initial_posterior, tiny_model, topic_batch
