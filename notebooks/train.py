@@ -14,6 +14,7 @@ metrics_path = None
 plot_path = None
 samples_path = None
 prior_metrics_path = None
+study_metrics_path = None
 
 # %%
 # %matplotlib inline
@@ -78,3 +79,24 @@ pd.Series({k: v for k, v in prior_metrics.items() if k != "curve"}, name="value"
 from ltm.stages.train import samples_stage
 
 samples_stage(params_path, paths["checkpoint_dir"], samples_path)
+
+# %% [markdown]
+# ## Do latent thoughts carry information? The study and its controls
+# Small decoders that see only a narrow window (params.yaml `study:`, ltm/study/), so that z is
+# the only channel beyond it, trained on the same batches: the latent model (encoder + a few
+# inference steps), a plain model with as many parameters (equal tokens, and equal training
+# FLOPs), one learned z shared by all sequences, z of another sequence, and dynamic evaluation of
+# the plain model. Each scores the second half of every validation sequence given the first,
+# paired per sequence: gain = control - latent, nats per token, +- its standard error.
+
+# %%
+from ltm.report.study import bound_figure, study_table, verdict_lines
+from ltm.stages.train import study_stage
+
+study_paths = stage_paths("train", study_metrics_path=study_metrics_path)
+study = study_stage(params_path, study_paths["study_metrics_path"])
+print("\n".join(verdict_lines(study)))
+study_table(study)
+
+# %%
+bound_figure(study);

@@ -23,6 +23,7 @@ LAYERS = [
     ("ltm.data",),
     ("ltm.latent",),
     ("ltm.train",),
+    ("ltm.study",),
     ("ltm.ablation", "ltm.generate"),
     ("ltm.bench",),
     ("ltm.report",),

@@ -15,10 +15,11 @@ from ltm.model.lm import ModelConfig
 from ltm.latent.prior import PriorConfig
 from ltm.stages.report import ReportConfig
 from ltm.generate import SamplesConfig
+from ltm.study.settings import StudyConfig
 from ltm.train.settings import TrainConfig
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig,
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig, "study": StudyConfig,
             "samples": SamplesConfig,
             "ablate": AblateConfig,
             "report": ReportConfig, "benchmark": BenchmarkConfig}

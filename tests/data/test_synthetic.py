@@ -115,3 +115,23 @@ def test_exact_values_of_a_folder_without_a_synthetic_cache_is_a_clear_error(tmp
     from ltm.data.synthetic import exact_log_likelihoods
     with pytest.raises(DataError, match="no exact likelihoods here"):
         exact_log_likelihoods(tmp_path)
+
+
+def test_the_window_floor_matches_brute_force_and_reaches_the_exact_value_with_full_context():
+    from ltm.data.synthetic import windowed_suffix_log_likelihood
+    chains = make_chains(TINY, seed=7)
+    seqs = every_sequence(TINY.symbols, TINY.length)
+    joint = np.array([loop_probability(chains, s) for s in seqs])
+    # context 1 at positions 2, 3: p(x_t | x_{t-1}) at position t, marginalised by enumeration
+    floor = windowed_suffix_log_likelihood(chains, seqs, prefix_len=2, context=1)
+    for seq, got in zip(seqs[::5], floor[::5]):
+        expected = 0.0
+        for t in (2, 3):
+            pair = joint[(seqs[:, t - 1] == seq[t - 1]) & (seqs[:, t] == seq[t])].sum()
+            expected += np.log(pair / joint[seqs[:, t - 1] == seq[t - 1]].sum())
+        assert got == pytest.approx(expected, rel=1e-10)
+    # a context reaching the start of every sequence sees all there is: the exact conditional
+    full = windowed_suffix_log_likelihood(chains, seqs, prefix_len=2, context=TINY.length)
+    np.testing.assert_allclose(full, suffix_log_likelihood(chains, seqs, 2), rtol=1e-10)
+    # seeing less can only cost, in expectation over the source
+    assert -(joint * floor).sum() >= -(joint * suffix_log_likelihood(chains, seqs, 2)).sum()

@@ -1,0 +1,77 @@
+"""The latent study's tables and figure (ltm.study): the verdict lines, one table per source of
+suffix NLL and gains with standard errors, and the bound by inference steps per start of q.
+Shown by the train notebook and the report's first screen."""
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+# the study's models and controls, in the order a reader meets them
+LABELS = {"latent": "latent (encoder + k steps)", "plain": "plain, as many parameters",
+          "plain_equal_flops": "plain, equal training FLOPs", "shared": "one shared learned z",
+          "shuffled": "latent, z of another sequence", "dynamic": "plain + dynamic evaluation",
+          "exact": "exact (the source itself)", "window_floor": "best predictor in the window"}
+INIT_COLORS = {"encoder": "#d62728", "authors": "#7f7f7f", "prior": "#1f77b4"}
+
+
+def verdict_lines(study: dict) -> list[str]:
+    """The study's one-line verdicts, or why there are none."""
+    if not study.get("enabled"):
+        return ["latent study: off (study.enabled false)"]
+    return list(study.get("verdict") or [])
+
+
+def study_table(study: dict) -> pd.DataFrame:
+    """One row per source and model: suffix NLL +- SE, the gain of the latent model over it
+    (control - latent, paired) +- SE, and its gap to the exact entropy where known."""
+    rows = []
+    for source, s in (study.get("sources") or {}).items():
+        for name, nll in s["suffix_nll"].items():
+            gain, gap = s["gain_over"].get(name), (s.get("gap_to_exact") or {}).get(name)
+            rows.append({
+                "source": source, "model": LABELS.get(name, name),
+                "suffix NLL": f"{nll['mean']:.3f} ± {nll['se']:.3f}",
+                "latent's gain": "" if gain is None else f"{gain['mean']:+.3f} ± {gain['se']:.3f} ({gain['z']:.0f} SE)",
+                "gap to exact": "" if gap is None else f"{gap['mean']:+.3f} ± {gap['se']:.3f}",
+                "non-embedding params": s["params"].get(name, "")})
+    return pd.DataFrame(rows)
+
+
+def encoder_table(study: dict) -> pd.DataFrame:
+    """What the encoder buys: its bound after k steps and the cold-start steps that match it."""
+    rows = []
+    for source, s in (study.get("sources") or {}).items():
+        e = s["encoder_buys"]
+        for init in ("authors", "prior"):
+            cold = e[init]
+            rows.append({"source": source, "encoder + k steps": e["steps"],
+                         "bound (nats/token)": round(e["bound"], 3),
+                         "ms per sequence": round(e["ms_per_sequence"], 2), "cold start": init,
+                         "cold steps to match": cold["steps_to_match"] if cold["steps_to_match"]
+                         is not None else f"none (best {cold['best_bound']:.3f})",
+                         "cold ms per sequence": round(cold.get("ms_per_sequence", float("nan")), 2)})
+    return pd.DataFrame(rows)
+
+
+def bound_figure(study: dict) -> Figure | None:
+    """The bound NLL + KL (nats per token) and its NLL part against inference steps, one line per
+    start of q, one panel per source."""
+    sources = study.get("sources") or {}
+    if not sources:
+        return None
+    fig = Figure(figsize=(5.2 * len(sources), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(sources), squeeze=False)[0]
+    for ax, (source, s) in zip(axes, sources.items()):
+        curves = pd.DataFrame(s["curves"])
+        curves["x"] = curves["steps"].clip(lower=0.5)  # 0 steps on a log axis
+        sns.lineplot(curves, x="x", y="bound", hue="init", palette=INIT_COLORS, marker="o", ax=ax)
+        sns.lineplot(curves, x="x", y="nll", hue="init", palette=INIT_COLORS, linestyle="--",
+                     ax=ax, legend=False)
+        ax.set_xscale("log")
+        ax.set_ylim(top=min(curves["bound"].max(), curves["nll"].max() + 1.0))
+        ax.set_xlabel("inference steps (0 drawn at 0.5)")
+        ax.set_ylabel("nats per token: bound (solid), its NLL (dashed)")
+        ax.set_title(f"{source}: the bound by inference steps")
+        ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,153 @@
+"""The study's models and how each is trained: the latent decoder with its encoder (semi-amortised
+inference), a plain decoder with as many non-embedding parameters, and the same latent decoder
+with one learned z shared by every sequence. Every model trains on the same batches in the same
+order (equal tokens) with the same optimiser and schedule; the plain model again at the latent
+model's training FLOPs."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ltm.latent.encoder import attach_encoder
+from ltm.latent.posterior import LatentConfig
+from ltm.model.config import ModelConfig
+from ltm.model.lm import LTM
+from ltm.study.settings import StudyConfig
+from ltm.study.sources import StudySource
+from ltm.train.counterpart import flops_of, inner_passes
+from ltm.train.objective import LossModel
+from ltm.train.optimizers import make_optimizer
+from ltm.train.settings import TrainConfig
+
+
+def decoder_config(cfg: StudyConfig, vocab_size: int, seq_len: int, n_latent: int,
+                   d_ff: int | None = None) -> ModelConfig:
+    """A study decoder: softmax attention through cfg.window tokens, n_latent latents per layer."""
+    return ModelConfig(vocab_size=vocab_size, mixer="attention", n_layers=cfg.n_layers,
+                       d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=d_ff,
+                       max_seq_len=seq_len, window=cfg.window, n_latent=n_latent)
+
+
+def latent_config(cfg: StudyConfig) -> LatentConfig:
+    """The latent model's inference: encoder start, cfg.inner_steps refining steps."""
+    return LatentConfig(steps=cfg.inner_steps, init="encoder", encoder_layers=cfg.encoder_layers)
+
+
+def non_embedding_params(model: nn.Module) -> int:
+    """Trained numbers outside the embedding (tied head): decoder, encoder, shared z alike."""
+    embed = next(m for m in model.modules() if isinstance(m, LTM)).embed.weight
+    return sum(p.numel() for p in model.parameters() if p is not embed)
+
+
+def matched_d_ff(cfg: StudyConfig, vocab_size: int, seq_len: int, target: int) -> int:
+    """The plain decoder's MLP width (a multiple of 8) whose non-embedding parameters come
+    closest to `target`: each unit of d_ff costs 3 * d_model weights per layer."""
+    with torch.device("meta"):
+        base = LTM(decoder_config(cfg, vocab_size, seq_len, 0, d_ff=8)).num_params()
+    per_unit = 3 * cfg.d_model * cfg.n_layers
+    return max(8, 8 + 8 * round((target - base) / per_unit / 8))
+
+
+class SharedLatents(nn.Module):
+    """The latent decoder with one trained z for every sequence (no inference): what the extra
+    cross-attention buys without per-sequence information."""
+
+    def __init__(self, model: LTM) -> None:
+        super().__init__()
+        self.model = model
+        c = model.cfg
+        self.z = nn.Parameter(torch.randn(1, c.n_layers * c.n_latent, c.d_model))  # (1, L, D)
+
+    def latents(self, batch: int) -> torch.Tensor:
+        return self.z.expand(batch, -1, -1)  # (B, L, D)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.model(x, y, z=self.latents(len(x)))[1]
+
+
+@dataclasses.dataclass
+class Contenders:
+    """The trained models of one source; equal_flops None when over the cap (why in `notes`)."""
+
+    latent: LTM
+    plain: LTM
+    shared: SharedLatents
+    equal_flops: LTM | None
+    equal_flops_steps: int
+    params: dict[str, int]
+    train_loss: dict[str, float]
+    notes: list[str]
+
+
+def _schedule(cfg: StudyConfig, steps: int) -> TrainConfig:
+    return TrainConfig(steps=steps, lr=cfg.lr, min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps,
+                       weight_decay=cfg.weight_decay)
+
+
+def train_model(module: nn.Module, source: StudySource, cfg: StudyConfig, steps: int,
+                desc: str, progress: bool = True) -> float:
+    """Train module (forward(x, y) -> mean loss) for `steps` batches of the source, drawn from
+    cfg.seed's generator: every model sees the same batches. Returns the mean of the last 10% of
+    the training losses."""
+    optimizer, scheduler = make_optimizer(module, _schedule(cfg, steps), fused=False)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    losses = []
+    module.train()
+    for _ in tqdm(range(steps), desc=desc, disable=not progress, leave=False):
+        x, y = source.sample(cfg.batch_size, generator)
+        loss = module(x, y)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"study {desc}: the loss is {loss.item()}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    module.eval()
+    tail = losses[-max(1, steps // 10):]
+    return sum(tail) / len(tail)
+
+
+def _built(model_cfg: ModelConfig, seed: int) -> LTM:
+    torch.manual_seed(seed)  # every model of a source starts from the same draw where shapes agree
+    return LTM(model_cfg)
+
+
+def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
+                     say=print) -> Contenders:
+    """Train the latent model, the parameter-matched plain model, the shared-latents model (all
+    for cfg.steps batches) and the plain model at the latent model's training FLOPs."""
+    T, V = source.val_x.shape[1], source.vocab_size
+    latent_cfg = latent_config(cfg)
+    latent = attach_encoder(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed), latent_cfg)
+    target = non_embedding_params(latent)
+    plain_cfg = decoder_config(cfg, V, T, 0, d_ff=matched_d_ff(cfg, V, T, target))
+    shared = SharedLatents(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed))
+    plain = _built(plain_cfg, cfg.seed)
+    name = source.name
+    loss = {"latent": train_model(LossModel(latent, False, False, latent_cfg), source, cfg,
+                                  cfg.steps, f"study {name}: latent", progress),
+            "plain": train_model(LossModel(plain, False, False), source, cfg, cfg.steps,
+                                 f"study {name}: plain", progress),
+            "shared": train_model(shared, source, cfg, cfg.steps, f"study {name}: shared z",
+                                  progress)}
+    latent_flops = flops_of(latent.cfg, T, inner_passes(latent_cfg))
+    plain_flops = flops_of(plain_cfg, T, 0)
+    steps = math.ceil(cfg.steps * latent_flops / plain_flops)
+    notes, equal = [], None
+    if steps <= cfg.max_equal_flops_steps:
+        equal = _built(plain_cfg, cfg.seed)
+        loss["plain_equal_flops"] = train_model(LossModel(equal, False, False), source, cfg, steps,
+                                                f"study {name}: plain, equal FLOPs", progress)
+    else:
+        notes.append(f"plain at equal training FLOPs skipped: needs {steps} steps, over "
+                     f"study.max_equal_flops_steps {cfg.max_equal_flops_steps}")
+        say(notes[-1])
+    params = {"latent": target, "plain": plain.num_params(),
+              "shared": non_embedding_params(shared)}
+    return Contenders(latent, plain, shared, equal, steps, params, loss, notes)

@@ -1,0 +1,116 @@
+"""The latent study, end to end: for each source, train the contenders (ltm.study.contenders),
+score every one per sequence on the suffix given the prefix (ltm.study.scores), compare each
+control with the latent model, paired, with standard errors (ltm.study.verdict), and write it all
+to one JSON (the train stage's study.json)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ltm.data.cache import DataConfig
+from ltm.study.contenders import Contenders, latent_config, train_contenders
+from ltm.study.scores import (bound_curve, dynamic_suffix_nll, prefix_posterior_sample,
+                              suffix_nll, with_init)
+from ltm.study.settings import StudyConfig
+from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
+from ltm.study.verdict import mean_se, paired, verdict
+
+# each control, as the verdict names it
+CONTROLS = {"plain": "the plain model with as many parameters (equal tokens)",
+            "plain_equal_flops": "the plain model at equal training FLOPs",
+            "shared": "one learned z shared by all sequences",
+            "shuffled": "z of another sequence",
+            "dynamic": "dynamic evaluation of the plain model"}
+
+
+def _score(c: Contenders, source: StudySource, cfg: StudyConfig, say) -> tuple[dict, dict]:
+    """Suffix NLL per sequence (N,) of every model and control; the dynamic evaluation's lr."""
+    x, y, p = source.val_x, source.val_y, source.prefix_len
+    latent = latent_config(cfg)
+    own = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed)
+    other = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed, shuffle=True)
+    scores = {"latent": suffix_nll(c.latent, x, y, p, own),
+              "shuffled": suffix_nll(c.latent, x, y, p, other),
+              "plain": suffix_nll(c.plain, x, y, p),
+              "shared": suffix_nll(c.shared.model, x, y, p, lambda xb, yb: c.shared.latents(len(xb)))}
+    if c.equal_flops is not None:
+        scores["plain_equal_flops"] = suffix_nll(c.equal_flops, x, y, p)
+    dynamic = {}
+    if cfg.inner_steps > 0:
+        say(f"study {source.name}: dynamic evaluation, {cfg.inner_steps} steps, lr {cfg.dynamic_lrs}")
+        runs = {lr: dynamic_suffix_nll(c.plain, x, y, p, cfg.inner_steps, lr) for lr in cfg.dynamic_lrs}
+        best = min(runs, key=lambda lr: float(runs[lr].mean()))
+        scores["dynamic"] = runs[best]
+        dynamic = {"lr": best, "steps": cfg.inner_steps,
+                   "by_lr": {str(lr): float(v.mean()) for lr, v in runs.items()}}
+    return {k: v.numpy() for k, v in scores.items()}, dynamic
+
+
+def _curves(c: Contenders, source: StudySource, cfg: StudyConfig) -> list[dict]:
+    """The bound by inference steps: the encoder's start, and the cold starts."""
+    x, y = source.val_x[:cfg.curve_sequences], source.val_y[:cfg.curve_sequences]
+    latent = latent_config(cfg)
+    encoder_steps = sorted(set(cfg.encoder_curve) | {cfg.inner_steps})
+    rows = bound_curve(c.latent, latent, x, y, encoder_steps, cfg.seed)
+    for init in ("authors", "prior"):
+        rows += bound_curve(c.latent, with_init(latent, init), x, y, sorted(cfg.cold_curve), cfg.seed)
+    return rows
+
+
+def encoder_buys(curves: list[dict], inner_steps: int) -> dict:
+    """The encoder + inner_steps bound and time against the fewest cold-start steps that reach it
+    (None: none of the curve's counts does)."""
+    ours = next(r for r in curves if r["init"] == "encoder" and r["steps"] == inner_steps)
+    out = {"steps": inner_steps, "bound": ours["bound"], "ms_per_sequence": ours["ms_per_sequence"]}
+    for init in ("authors", "prior"):
+        reached = [r for r in curves if r["init"] == init and r["bound"] <= ours["bound"]]
+        first = min(reached, key=lambda r: r["steps"]) if reached else None
+        out[init] = ({"steps_to_match": first["steps"], "ms_per_sequence": first["ms_per_sequence"]}
+                     if first else {"steps_to_match": None,
+                                    "best_bound": min(r["bound"] for r in curves if r["init"] == init)})
+    return out
+
+
+def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, say=print) -> dict:
+    """Everything the study says about one source."""
+    start = time.perf_counter()
+    c = train_contenders(source, cfg, progress, say)
+    say(f"study {source.name}: scoring {len(source.val_x)} sequences")
+    scores, dynamic = _score(c, source, cfg, say)
+    out = {"sequences": len(source.val_x), "receptive_field": receptive_field(cfg),
+           "params": c.params, "train_loss_last10pct": c.train_loss,
+           "equal_flops_steps": c.equal_flops_steps, "dynamic_evaluation": dynamic,
+           "suffix_nll": {k: mean_se(v) for k, v in scores.items()},
+           "gain_over": {k: paired(v, scores["latent"]) for k, v in scores.items() if k != "latent"}}
+    if source.exact is not None:
+        out["suffix_nll"]["exact"] = mean_se(source.exact)
+        out["suffix_nll"]["window_floor"] = mean_se(source.floor)
+        out["gap_to_exact"] = {k: mean_se(v - source.exact) for k, v in scores.items()}
+    out["curves"] = _curves(c, source, cfg)
+    out["encoder_buys"] = encoder_buys(out["curves"], cfg.inner_steps)
+    out["verdict"] = verdict(source.name, out["gain_over"], CONTROLS)
+    out["notes"] = c.notes
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def run_study(cfg: StudyConfig, data: DataConfig, vocab_size: int, metrics_path: str | Path,
+              progress: bool = True, say=print) -> dict:
+    """The study on each of cfg.sources; writes and returns its metrics. vocab_size: the token
+    cache's (the corpus source)."""
+    metrics: dict = {"enabled": cfg.enabled}
+    if cfg.enabled:
+        torch.manual_seed(cfg.seed)
+        builders = {"testbed": lambda: synthetic_source(data, cfg),
+                    "corpus": lambda: corpus_source(data.cache_dir, vocab_size, cfg)}
+        metrics["sources"] = {name: study_source(builders[name](), cfg, progress, say)
+                              for name in cfg.sources}
+        metrics["verdict"] = [line for s in metrics["sources"].values() for line in s["verdict"]]
+    path = Path(metrics_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=1, default=float))
+    return metrics

@@ -1,0 +1,111 @@
+"""Per-sequence scores of the study: the suffix's NLL per token given its prefix (targets
+T // 2 .. given tokens before them) for each model and control, and the latent model's bound
+(NLL + KL per token of the whole sequence) by inference steps for each start of q."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+from torch.func import functional_call
+
+from ltm.latent.evaluate import nelbo_sums
+from ltm.latent.posterior import LatentConfig, decoder_fitter, latent_shape, sequence_nll
+from ltm.model.cross_entropy import IGNORE_INDEX
+from ltm.model.lm import LTM
+
+BATCH = 64  # sequences scored at once
+
+
+def suffix_targets(y: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """y (B, T) with the prefix's targets (positions < prefix_len) ignored."""
+    suffix = y.clone()
+    suffix[:, :prefix_len] = IGNORE_INDEX
+    return suffix
+
+
+def _batches(x: torch.Tensor, y: torch.Tensor):
+    for start in range(0, len(x), BATCH):
+        yield x[start:start + BATCH], y[start:start + BATCH]
+
+
+@torch.no_grad()
+def suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,
+               latents: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] = lambda x, y: None
+               ) -> torch.Tensor:
+    """Suffix NLL per token of each sequence (N,) float64; latents(x, y) -> z (B, L, D) or None
+    for a batch, computed from whatever of the batch it chooses to read (the prefix, for a
+    proper conditional likelihood)."""
+    out = []
+    for xb, yb in _batches(x, y):
+        suffix = suffix_targets(yb, prefix_len)
+        z = latents(xb, yb)
+        out.append(sequence_nll(model, z, xb, suffix).double() / (suffix != IGNORE_INDEX).sum(1))
+    return torch.cat(out)
+
+
+def prefix_posterior_sample(model: LTM, latent: LatentConfig, prefix_len: int, steps: int,
+                            seed: int, shuffle: bool = False):
+    """latents(x, y) for suffix_nll: q fitted to the prefix's targets alone (start latent.init,
+    `steps` inner steps), one sample at the inner loop's noise (the generator seeded per batch).
+    shuffle: each sequence gets the z of the next one in its batch (another sequence's z)."""
+    fitter = decoder_fitter(model, latent)
+
+    def latents(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.enable_grad():
+            post = fitter.fit((x[:, :prefix_len], y[:, :prefix_len]),
+                              latent_shape(model.cfg, len(x)), steps, generator)
+        z = post.sample()  # (B, L, D)
+        return z.roll(1, dims=0) if shuffle else z
+
+    return latents
+
+
+def dynamic_suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,
+                       steps: int, lr: float) -> torch.Tensor:
+    """Dynamic evaluation: for each sequence, a copy of the weights takes `steps` SGD steps of size
+    lr on the prefix's mean NLL, then scores the suffix (N,) float64. The sequence's own copy:
+    nothing carries over to the next one."""
+    base = {name: p.detach() for name, p in model.named_parameters()}
+    out = []
+    for i in range(len(x)):
+        xi, yi = x[i:i + 1], y[i:i + 1]
+        params = {name: p.clone().requires_grad_() for name, p in base.items()}
+        for _ in range(steps):
+            logits = functional_call(model, params, (xi[:, :prefix_len],))[0]  # (1, p, V)
+            loss = torch.nn.functional.cross_entropy(logits[0], yi[0, :prefix_len])
+            grads = torch.autograd.grad(loss, list(params.values()))
+            with torch.no_grad():
+                params = {n: (p - lr * g).requires_grad_() for (n, p), g in zip(params.items(), grads)}
+        with torch.no_grad():
+            logits = functional_call(model, params, (xi,))[0]  # (1, T, V)
+            out.append(torch.nn.functional.cross_entropy(
+                logits[0, prefix_len:].double(), yi[0, prefix_len:]))
+    return torch.stack(out)
+
+
+def bound_curve(model: LTM, latent: LatentConfig, x: torch.Tensor, y: torch.Tensor,
+                steps: list[int], seed: int) -> list[dict]:
+    """The bound on -log p(x) per token, NLL + KL, of the whole sequences after each count of
+    inference steps from latent.init, and the seconds the fits took per sequence."""
+    fitter = decoder_fitter(model, latent)
+    rows = []
+    for n in steps:
+        sums, seconds = torch.zeros(3, dtype=torch.float64), 0.0
+        for xb, yb in _batches(x, y):
+            generator = torch.Generator().manual_seed(seed)
+            start = time.perf_counter()
+            with torch.enable_grad():
+                post = fitter.fit((xb, yb), latent_shape(model.cfg, len(xb)), n, generator)
+            seconds += time.perf_counter() - start
+            sums += nelbo_sums(model, xb, yb, post.mu, post.log_var, 1, generator)
+        nll, kl, tokens = (float(v) for v in sums)
+        rows.append({"init": latent.init, "steps": n, "nll": nll / tokens, "kl": kl / tokens,
+                     "bound": (nll + kl) / tokens, "ms_per_sequence": 1000 * seconds / len(x)})
+    return rows
+
+
+def with_init(latent: LatentConfig, init: str) -> LatentConfig:
+    return dataclasses.replace(latent, init=init)

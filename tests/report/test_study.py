@@ -1,0 +1,32 @@
+"""ltm.report.study: the study's tables and figure from its metrics."""
+from ltm.report.study import bound_figure, encoder_table, study_table, verdict_lines
+
+SOURCE = {
+    "suffix_nll": {"latent": {"mean": 3.1, "se": 0.01}, "plain": {"mean": 3.3, "se": 0.01},
+                   "exact": {"mean": 2.76, "se": 0.01}},
+    "gain_over": {"plain": {"mean": 0.2, "se": 0.008, "z": 25.0, "sequences": 8}},
+    "gap_to_exact": {"latent": {"mean": 0.34, "se": 0.01}, "plain": {"mean": 0.54, "se": 0.01}},
+    "params": {"latent": 100, "plain": 104},
+    "curves": [{"init": i, "steps": n, "bound": 3.5 - 0.01 * n, "nll": 3.2, "kl": 0.3 - 0.01 * n,
+                "ms_per_sequence": n} for i in ("encoder", "authors", "prior") for n in (0, 4, 16)],
+    "encoder_buys": {"steps": 2, "bound": 3.4, "ms_per_sequence": 2.0,
+                     "authors": {"steps_to_match": 16, "ms_per_sequence": 16.0},
+                     "prior": {"steps_to_match": None, "best_bound": 3.45}},
+}
+STUDY = {"enabled": True, "sources": {"testbed": SOURCE}, "verdict": ["testbed: latent beats"]}
+
+
+def test_the_tables_carry_each_model_with_its_noise():
+    table = study_table(STUDY)
+    assert list(table["model"])[:2] == ["latent (encoder + k steps)", "plain, as many parameters"]
+    plain = table.iloc[1]
+    assert plain["suffix NLL"] == "3.300 ± 0.010" and plain["latent's gain"] == "+0.200 ± 0.008 (25 SE)"
+    assert plain["gap to exact"] == "+0.540 ± 0.010" and table.iloc[2]["latent's gain"] == ""
+    enc = encoder_table(STUDY)
+    assert list(enc["cold steps to match"]) == [16, "none (best 3.450)"]
+
+
+def test_the_verdict_and_figure_or_why_there_are_none():
+    assert verdict_lines(STUDY) == ["testbed: latent beats"]
+    assert verdict_lines({"enabled": False}) == ["latent study: off (study.enabled false)"]
+    assert bound_figure(STUDY) is not None and bound_figure({"enabled": False}) is None

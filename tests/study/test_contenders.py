@@ -1,0 +1,60 @@
+"""ltm.study.contenders: parameter matching, the shared-z control, equal batches and the
+equal-FLOPs model."""
+import torch
+
+from ltm.data.cache import DataConfig
+from ltm.data.synthetic import SyntheticConfig
+from ltm.latent.encoder import attach_encoder
+from ltm.model.lm import LTM
+from ltm.study.contenders import (SharedLatents, decoder_config, latent_config, matched_d_ff,
+                                  non_embedding_params, train_contenders, train_model)
+from ltm.study.settings import StudyConfig
+from ltm.study.sources import synthetic_source
+from ltm.train.objective import LossModel
+
+SYN = SyntheticConfig(topics=2, symbols=6, length=16, train_sequences=64, val_sequences=8)
+CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, steps=6, batch_size=4, warmup_steps=2,
+                  val_sequences=8, inner_steps=1)
+
+
+def source():
+    return synthetic_source(DataConfig(source="synthetic", synthetic=SYN, cache_dir="unused"), CFG)
+
+
+def test_the_plain_model_gets_as_many_parameters_as_the_latent_one_within_one_width_step():
+    latent = attach_encoder(LTM(decoder_config(CFG, 7, 16, CFG.n_latent)), latent_config(CFG))
+    target = non_embedding_params(latent)
+    plain = LTM(decoder_config(CFG, 7, 16, 0, d_ff=matched_d_ff(CFG, 7, 16, target)))
+    # one step of d_ff (8 units) is 3 * d_model * 8 weights per layer
+    assert abs(plain.num_params() - target) <= 3 * CFG.d_model * 8 * CFG.n_layers / 2 + 1
+    assert plain.cfg.window == CFG.window and plain.cfg.n_latent == 0
+
+
+def test_the_shared_control_feeds_one_trained_z_to_every_sequence():
+    shared = SharedLatents(LTM(decoder_config(CFG, 7, 16, CFG.n_latent)))
+    z = shared.latents(3)
+    assert z.shape == (3, CFG.n_layers * CFG.n_latent, CFG.d_model) and torch.equal(z[0], z[2])
+    x = torch.randint(7, (3, 16))
+    shared(x, x).backward()
+    assert shared.z.grad is not None and shared.z.grad.abs().sum() > 0
+
+
+def test_every_model_sees_the_same_batches_and_the_loss_falls():
+    src = source()
+    losses = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = LTM(decoder_config(CFG, src.vocab_size, 16, 0))
+        losses.append(train_model(LossModel(model, False, False), src, CFG, 40, "t", progress=False))
+    assert losses[0] == losses[1]  # same start, same batches: the same run
+    assert losses[0] < torch.log(torch.tensor(float(src.vocab_size))).item()
+
+
+def test_the_contenders_are_trained_and_the_equal_flops_model_skipped_over_its_cap():
+    c = train_contenders(source(), CFG, progress=False, say=lambda *a: None)
+    assert set(c.train_loss) == {"latent", "plain", "shared", "plain_equal_flops"}
+    assert c.equal_flops is not None and c.equal_flops_steps > CFG.steps  # inference costs FLOPs
+    assert c.latent.encoder is not None and c.plain.cfg.n_latent == 0
+    capped = StudyConfig(**{**CFG.__dict__, "max_equal_flops_steps": CFG.steps})
+    c = train_contenders(source(), capped, progress=False, say=lambda *a: None)
+    assert c.equal_flops is None and "skipped" in c.notes[0]
