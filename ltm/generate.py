@@ -26,13 +26,16 @@ from torch import nn
 from ltm.data.cache import TOKENIZER_FILE, TokenCache, cache_dir_of
 from ltm.data.corpus import DataError
 from ltm.data.tokenizer import end_of_text_id, load_tokenizer
-from ltm.latent.prior import latents, load_prior, prompt_latents
+from ltm.latent.posterior import LatentConfig
+from ltm.latent.prior import describe_latents, latents, load_prior, prompt_latents
 from ltm.model.decoding import Decoder, GenerationError, Sampling, check_fits, generate_tokens
 from ltm.model.lm import LTM
 from ltm.params import ParamsError, check, read_params
-from ltm.train.checkpoint import load_model
+from ltm.train.checkpoint import load_latent_config, load_model
 
 QUANTIZE = ("none", "int8", "int4")
+# --fit-latents without a count: the checkpoint's train.latent.steps
+FIT_AS_TRAINED = -1
 # int4 weights are quantised in groups of this many input features (torchao's default)
 INT4_GROUP = 128
 
@@ -131,16 +134,18 @@ def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prom
                 max_new_tokens: int = 100, temperature: float = 0.8, top_k: int | None = 200,
                 top_p: float | None = None, seed: int | None = None, quantize: str = "none",
                 device: str | None = None, compile: bool = False, latent_scale: float = 1.0,
-                latent_fit_steps: int = 0) -> list[str]:
+                latent_fit_steps: int = 0, latent: LatentConfig | None = None) -> list[str]:
     """Each prompt followed by its sampled continuation, cut at the first end-of-text. model: an
     LTM or a checkpoint (folder or file); tokenizer: one, or its file, or the token cache folder.
     A given model is put in eval mode, and copied before quantisation. A latent model's z is
     drawn from its prior N(0, I) scaled by latent_scale (the authors sweep 0.5-1.0) or, with
     latent_fit_steps > 0, is a sample of the posterior fitted to each prompt by that many inner
-    steps (ltm.latent.posterior, the train.latent defaults)."""
+    steps of `latent` (the checkpoint's train.latent when model is a checkpoint; else None, the
+    defaults)."""
     if isinstance(model, LTM):
         model = copy.deepcopy(model) if quantize != "none" else model
     else:
+        latent = latent or load_latent_config(model)
         model = load_model(model, _device(device or "auto"))
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_matching_tokenizer(tokenizer, model.cfg.vocab_size)
@@ -150,7 +155,7 @@ def sample_text(model: LTM | str | Path, tokenizer: Tokenizer | str | Path, prom
     eot = end_of_text_id(tokenizer)
     # a document starts after an end-of-text in the token cache
     ids = [[eot] + tokenizer.encode(p).ids for p in prompts]
-    z = prompt_latents(model, ids, latent_scale, latent_fit_steps)
+    z = prompt_latents(model, ids, latent_scale, latent_fit_steps, latent)
     tokens = generate_tokens(model, ids, max_new_tokens, Sampling(temperature, top_k, top_p),
                              z=z, compile=compile)
     return [p + _decode(tokenizer, row, eot) for p, row in zip(prompts, tokens.tolist())]
@@ -172,6 +177,7 @@ def write_samples(cfg: SamplesConfig, checkpoint_dir: str | Path, cache_dir: str
     rows = [{"prompt": prompt, "text": text} for prompt, text in zip(cfg.prompts, texts)]
     settings = {k: v for k, v in asdict(cfg).items() if k != "prompts"}
     settings["new_tokens_sampled"] = new_tokens
+    settings["z"] = describe_latents(model, 0, None, cfg.latent_scale)
     Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
     Path(samples_path).write_text(json.dumps({"settings": settings, "samples": rows}, indent=1) + "\n")
     return rows
@@ -214,7 +220,12 @@ def run(args: argparse.Namespace) -> None:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.batch < 1:
         raise GenerationError(f"--batch: must be >= 1, got {args.batch}")
-    z = prompt_latents(model, [prompt.tolist()] * args.batch, args.latent_scale, args.fit_latents)
+    latent = load_latent_config(args.checkpoint)
+    # --fit-latents without a count: as many inner steps as the checkpoint was trained with
+    fit_steps = latent.steps if args.fit_latents == FIT_AS_TRAINED else args.fit_latents
+    z = prompt_latents(model, [prompt.tolist()] * args.batch, args.latent_scale, fit_steps, latent)
+    print(f"[{describe_latents(model, fit_steps, latent, args.latent_scale, args.prior_steps, bool(args.prior))}]",
+          file=sys.stderr)
     if args.prior:  # the third way: z from the learned prior (ltm.latent.prior, DPM-Solver++)
         z = latents(model, "prior", args.batch, prior=load_prior(args.prior, device),
                     steps=args.prior_steps)
@@ -250,8 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--latent-scale", type=float, default=1.0,
                         help="latent models: z = scale * N(0, I) (the authors sweep 0.5-1.0)")
-    parser.add_argument("--fit-latents", type=int, default=0, metavar="STEPS",
-                        help="latent models: z from the posterior fitted to the prompt instead")
+    parser.add_argument("--fit-latents", type=int, nargs="?", const=FIT_AS_TRAINED, default=0,
+                        metavar="STEPS", help="latent models: z from the posterior fitted to the "
+                        "prompt instead, by the checkpoint's own inner loop (train.latent); "
+                        "STEPS inner steps (default: as many as it was trained with)")
     parser.add_argument("--prior", metavar="FOLDER", help="latent models: z sampled from the "
                         "learned prior in FOLDER instead (the train stage's data/checkpoints/prior)")
     parser.add_argument("--prior-steps", type=int, default=None,

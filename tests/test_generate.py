@@ -102,3 +102,36 @@ def test_a_latent_model_samples_with_z_from_the_scaled_prior_or_fitted_to_the_pr
     a = generate_tokens(model, ids, 6, Sampling(0), z=prior)
     b = generate_tokens(model, ids, 6, Sampling(0), z=-4 * prior)
     assert not torch.equal(a, b)
+
+
+def test_z_is_fitted_with_the_checkpoints_own_inner_loop_and_the_command_says_where_z_came_from(
+        tmp_path, capsys):
+    from ltm.latent.posterior import LatentConfig
+    from ltm.latent.prior import prompt_latents
+    tokenizer = train_tokenizer(["to be or not to be, that is the question"] * 20, 280)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    save_tokenizer(tokenizer, cache_dir / "tokenizer.json")
+    cfg = ModelConfig(vocab_size=tokenizer.get_vocab_size(), mixer="attention", n_heads=2,
+                      d_model=32, max_seq_len=32, n_latent=2)
+    latent = LatentConfig(steps=3, init="prior", lr=0.05, optimizer="sgd")
+    ckpt.save_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT_FILE,
+                         {"model": LTM(cfg).state_dict(), "model_cfg": to_dict(cfg),
+                          "train_cfg": {"latent": to_dict(latent)}})
+    assert ckpt.load_latent_config(tmp_path / "run") == latent
+    model = ckpt.load_model(tmp_path / "run")
+    ids = [[0, 5, 6, 7, 8]]
+    # the checkpoint's loop (sgd from the prior) and the defaults' (adamw from the authors' start)
+    torch.manual_seed(0)
+    own = prompt_latents(model, ids, 1.0, 3, latent)
+    torch.manual_seed(0)
+    default = prompt_latents(model, ids, 1.0, 3)
+    assert not torch.allclose(own, default)
+    args = ["--checkpoint", str(tmp_path / "run"), "--cache-dir", str(cache_dir), "--prompt",
+            "to be", "--max-new-tokens", "3", "--device", "cpu"]
+    main(args + ["--fit-latents"])
+    assert "[z fitted to the prompt: 3 inner steps (sgd, lr 0.05, start prior)" in capsys.readouterr().err
+    main(args + ["--fit-latents", "5"])
+    assert "5 inner steps" in capsys.readouterr().err
+    main(args)
+    assert "[z drawn from N(0, I) x 1, the training prior" in capsys.readouterr().err

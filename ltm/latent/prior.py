@@ -21,7 +21,7 @@ what an untrained prior samples; the network learns only what the fit misses.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -348,18 +348,19 @@ def latents(model: LTM, how: Literal["prior", "gaussian", "prompt"], n: int,
     return z.to(device=weight.device, dtype=weight.dtype)
 
 
-def prompt_latents(model: LTM, ids: list[list[int]], scale: float, fit_steps: int
-                   ) -> torch.Tensor | None:
+def prompt_latents(model: LTM, ids: list[list[int]], scale: float, fit_steps: int,
+                   latent: LatentConfig | None = None) -> torch.Tensor | None:
     """z (B, n_layers * n_latent, d_model) for generation, None for a plain model: scale * N(0, I),
     or with fit_steps > 0 a sample of the posterior fitted to each prompt (its tokens predicting
-    their successors)."""
+    their successors) by fit_steps inner steps of `latent` (the checkpoint's train.latent: its
+    start, optimiser and step sizes; None = the defaults)."""
     if model.cfg.n_latent == 0:
         return None
     device = model.embed.weight.device
     if fit_steps <= 0:
         return scale * torch.randn(latent_shape(model.cfg, len(ids)), device=device)
     rows = []
-    fitter = decoder_fitter(model, LatentConfig(steps=fit_steps))
+    fitter = decoder_fitter(model, replace(latent or LatentConfig(), steps=fit_steps))
     for row in ids:  # prompts differ in length: one posterior each
         seq = torch.tensor(row, device=device)[None]
         if seq.shape[1] < 2:
@@ -369,3 +370,18 @@ def prompt_latents(model: LTM, ids: list[list[int]], scale: float, fit_steps: in
             posterior = fitter.fit((seq[:, :-1], seq[:, 1:]), latent_shape(model.cfg, 1))
         rows.append(posterior.sample().detach())
     return torch.cat(rows)
+
+
+def describe_latents(model: LTM, fit_steps: int, latent: LatentConfig | None, scale: float,
+                     prior_steps: int | None = None, learned_prior: bool = False) -> str:
+    """Where a generation's z comes from, in one line."""
+    if model.cfg.n_latent == 0:
+        return "no z: a plain model"
+    if learned_prior:
+        return f"z sampled from the learned prior (DPM-Solver++, {prior_steps or 'its default'} evaluations)"
+    if fit_steps <= 0:
+        return f"z drawn from N(0, I) x {scale:g}, the training prior, not fitted to the prompt"
+    latent = latent or LatentConfig()
+    return (f"z fitted to the prompt: {fit_steps} inner steps ({latent.optimizer}, lr {latent.lr:g}, "
+            f"start {latent.init}), one posterior sample; the checkpoint was trained with "
+            f"{latent.steps} inner steps")

@@ -26,6 +26,7 @@ from ltm.report.figures import (ablate_figure, benchmark_figures, kernel_grid_fi
 from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
 from ltm.report.gpu import Section
+from ltm.report.study import bound_figure, encoder_table, study_table, verdict_lines
 
 
 def _read_json(path: Path) -> dict | None:
@@ -44,6 +45,28 @@ def _flat_table(metrics: dict) -> pd.DataFrame:
     flat = pd.json_normalize(metrics, sep=".").T
     flat.columns = ["value"]
     return flat
+
+
+def study_section(metrics_dir: Path) -> Section:
+    """The report's first section: the latent study's verdict, its table, what the encoder buys
+    and the bound by inference steps."""
+    title = "Do latent thoughts carry information? The verdict"
+    path = Path(metrics_dir) / "study.json"
+    study = json.loads(path.read_text()) if path.is_file() else None
+    if not study or not study.get("enabled"):
+        why = "study.enabled is false" if study else "the train stage wrote no study.json"
+        return Section(title, [], [], f"No latent study: {why}.")
+    note = (" · ".join(verdict_lines(study)) + ". Suffix NLL: the second half of each validation "
+            "sequence given the first, nats per token, mean ± standard error over sequences; the "
+            "latent's gain is control - latent, paired per sequence (positive: latent better); "
+            "a claim counts beyond 5 SE. Every model trained on the same batches; decoders see a "
+            "window of study.window tokens per layer, so z is the only channel beyond it. "
+            "Dynamic evaluation: the plain model's weights take as many SGD steps on the prefix "
+            "as the latent model takes inference steps (each costing more FLOPs), the best step "
+            "size reported. Second table: the bound NLL + KL per token after the encoder and k "
+            "inference steps, and the cold-start steps that reach it.")
+    return Section(title, [study_table(study), encoder_table(study)], [bound_figure(study)], note)
+
 
 
 def summary_section(metrics_dir: Path) -> Section:

@@ -1,6 +1,6 @@
 """The latent study's tables and figure (ltm.study): the verdict lines, one table per source of
 suffix NLL and gains with standard errors, and the bound by inference steps per start of q.
-Shown by the train notebook and the report's first screen."""
+Shown by the train notebook and the report's first screen (ltm.report.page.study_section)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -27,6 +27,7 @@ def study_table(study: dict) -> pd.DataFrame:
     (control - latent, paired) +- SE, and its gap to the exact entropy where known."""
     rows = []
     for source, s in (study.get("sources") or {}).items():
+        sizes = s["params"]  # non-embedding parameters of each trained model
         for name, nll in s["suffix_nll"].items():
             gain, gap = s["gain_over"].get(name), (s.get("gap_to_exact") or {}).get(name)
             rows.append({
@@ -34,7 +35,7 @@ def study_table(study: dict) -> pd.DataFrame:
                 "suffix NLL": f"{nll['mean']:.3f} ± {nll['se']:.3f}",
                 "latent's gain": "" if gain is None else f"{gain['mean']:+.3f} ± {gain['se']:.3f} ({gain['z']:.0f} SE)",
                 "gap to exact": "" if gap is None else f"{gap['mean']:+.3f} ± {gap['se']:.3f}",
-                "non-embedding params": s["params"].get(name, "")})
+                "non-embedding params": sizes.get(name, "")})
     return pd.DataFrame(rows)
 
 
@@ -75,3 +76,4 @@ def bound_figure(study: dict) -> Figure | None:
         ax.set_title(f"{source}: the bound by inference steps")
         ax.grid(alpha=0.3)
     return fig
+

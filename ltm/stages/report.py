@@ -13,7 +13,8 @@ from ltm.params import load_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
                              kernel_history_section, latent_section, prior_section, render_html,
-                             samples_section, settings_section, summary_section, train_section)
+                             samples_section, settings_section, study_section, summary_section,
+                             train_section)
 
 
 @dataclass
@@ -32,7 +33,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     env = environment()
-    sections = [summary_section(metrics_dir), settings_section(Path(params_path), env),
+    sections = [study_section(metrics_dir), summary_section(metrics_dir), settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
                 latent_section(metrics_dir, plots_dir, Path(gpu_records)),
                 prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),

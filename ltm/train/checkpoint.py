@@ -209,3 +209,13 @@ def load_model(checkpoint: str | Path, device: str | torch.device = "cpu",
     attach_encoder(model, from_mapping(LatentConfig, latent, f"{path}: train_cfg.latent"))
     model.load_state_dict(saved["model"])
     return model.to(device=device, dtype=dtype).eval()
+
+
+def load_latent_config(checkpoint: str | Path) -> LatentConfig:
+    """train.latent of the run that wrote the checkpoint (folder or file): the inner loop its
+    decoder was trained with, which fitting z to a prompt should repeat. Defaults where the
+    checkpoint holds none (a plain run of an older version)."""
+    path = Path(checkpoint)
+    saved = load_checkpoint(path / CHECKPOINT_FILE if path.is_dir() else path)
+    latent = ((saved or {}).get("train_cfg") or {}).get("latent") if isinstance(saved, dict) else None
+    return from_mapping(LatentConfig, latent, f"{path}: train_cfg.latent")

@@ -30,3 +30,13 @@ def test_the_verdict_and_figure_or_why_there_are_none():
     assert verdict_lines(STUDY) == ["testbed: latent beats"]
     assert verdict_lines({"enabled": False}) == ["latent study: off (study.enabled false)"]
     assert bound_figure(STUDY) is not None and bound_figure({"enabled": False}) is None
+
+
+def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
+    import json
+    from ltm.report.page import study_section
+    assert "no study.json" in study_section(tmp_path).note
+    (tmp_path / "study.json").write_text(json.dumps(STUDY))
+    section = study_section(tmp_path)
+    assert section.note.startswith("testbed: latent beats") and len(section.tables) == 2
+    assert len(section.figures) == 1
