@@ -3,6 +3,7 @@ inner step, against a compiled plain training step.
 
     python gpu/latent_bench.py OUT.json [--budget SECONDS] [--repeats N]
     python gpu/latent_bench.py OUT.json --tiny     # the same sections, tiny, on the CPU
+    python gpu/latent_bench.py OUT.json --init encoder --inner-steps 2   # semi-amortised
 
 The GPU profile's model (configs/gpu.yaml: attention, 12 layers, d_model 768, 12 heads, vocab
 50304) at T=1024, batch 16, bf16 autocast, TF32, fused AdamW, random tokens and weights; the
@@ -47,6 +48,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU: a check")
     parser.add_argument("--no-compile", action="store_true", help="eager rows only")
     parser.add_argument("--skip", default="", help="section numbers to leave out, e.g. 2,3,6")
+    parser.add_argument("--inner-steps", type=int, default=None,
+                        help="inner steps of the latent step (default: the authors' 16)")
+    parser.add_argument("--init", choices=("authors", "prior", "encoder"), default="authors",
+                        help="q's start (train.latent.init); encoder: semi-amortised, its own "
+                             "NELBO in the step")
     parser.add_argument("--fused-ops", default="",
                         help="ltm.train.fused_ops kernels swapped into both models (train.opt.fused_ops), "
                              "e.g. rms_norm,swiglu,rope")
@@ -58,7 +64,7 @@ def main() -> None:
     began = time.perf_counter()
     run = latent_run.setup(args.out, args.budget, args.repeats, args.tiny, not args.no_compile,
                            args.skip, [op for op in args.fused_ops.split(",") if op],
-                           ROOT / "configs" / "gpu.yaml", began)
+                           ROOT / "configs" / "gpu.yaml", began, args.inner_steps, args.init)
     latent_run.plain_sections(run)
     latent_run.latent_sections(run)
     latent_run.finish(run)

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ltm.latent.encoder import attach_encoder
 from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,
                                   sequence_nll, step_sizes)
 from ltm.model.lm import LTM, ModelConfig
@@ -176,11 +177,15 @@ class LatentRun:
 
 
 def setup(out: Path, budget: float, repeats: int, tiny: bool, compile: bool, skip: str,
-          fused_ops: list[str], model_params: Path, began: float) -> LatentRun:
+          fused_ops: list[str], model_params: Path, began: float, inner_steps: int | None = None,
+          init: str = "authors") -> LatentRun:
     """The run: the model section of `model_params` (tiny sizes on the CPU with `tiny`), the
     latent model's config, random tokens, and the record's header; `fused_ops`: the
-    ltm.train.fused_ops kernels swapped into both models."""
-    sizes = TINY_SIZES if tiny else SIZES
+    ltm.train.fused_ops kernels swapped into both models; inner_steps (None: the sizes') and
+    init (train.latent.init: encoder adds the encoder's start and its own NELBO to the step)."""
+    sizes = dict(TINY_SIZES if tiny else SIZES)
+    if inner_steps is not None:
+        sizes["inner_steps"] = inner_steps
     device = torch.device("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not tiny:
         raise SystemExit("no CUDA device: run with --tiny for the CPU check")
@@ -191,7 +196,8 @@ def setup(out: Path, budget: float, repeats: int, tiny: bool, compile: bool, ski
         model_section = {**model_section, **TINY_MODEL}
     cfg = from_mapping(ModelConfig, model_section, "model")
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, sizes["seq_len"]))
-    latent = LatentConfig(steps=sizes["inner_steps"])  # the authors' recipe, eager inner loop
+    # the authors' recipe (or another start of q), eager inner loop
+    latent = LatentConfig(steps=sizes["inner_steps"], init=init)
     generator = torch.Generator().manual_seed(0)
     x = torch.randint(cfg.vocab_size, (sizes["batch"], sizes["seq_len"]), generator=generator).to(device)
     y = torch.randint(cfg.vocab_size, (sizes["batch"], sizes["seq_len"]), generator=generator).to(device)
@@ -234,14 +240,15 @@ def latent_sections(run: LatentRun) -> None:
     inner loop swapped between fitters (posterior_sample is left out of the compiled graph and
     calls loss_model.fitter)."""
     torch.manual_seed(0)
-    model = fused(LTM(run.latent_cfg).to(run.device), run.fused_ops)
+    model = attach_encoder(fused(LTM(run.latent_cfg).to(run.device), run.fused_ops), run.latent)
     loss_model = LossModel(model, False, run.compile, run.latent)
     step_model = torch.compile(loss_model) if run.compile else loss_model
     eager_fitter = loss_model.fitter
     decoder = "decoder compiled" if run.compile else "decoder eager"
     inner = lambda fitter: inner_step(fitter, run.latent_cfg, run.latent, run.x, run.y,
                                       run.device, run.amp)
-    whole = f"latent step ({run.latent.steps} inner)"
+    whole = (f"latent step (encoder + {run.latent.steps} inner)" if run.latent.init == "encoder"
+             else f"latent step ({run.latent.steps} inner)")
 
     def latent_row(impl: str, fitter: PosteriorFitter) -> None:
         loss_model.fitter = fitter

@@ -23,14 +23,13 @@ import torch.distributed as dist
 
 import pandas as pd
 
-from ltm.data.cache import DataConfig, cache_dir_of, read_meta
+from ltm.data.cache import cache_dir_of
 from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
 from ltm.latent.prior import PriorConfig
 from ltm.params import ParamsError, load_section, read_params
 from ltm.pipeline import stage_paths
-from ltm.study.run import run_study
-from ltm.study.settings import StudyConfig
+from ltm.study.run import study_from_params
 from ltm.train.counterpart import train_with_counterparts
 from ltm.train.prior_trainer import train_stage_prior
 from ltm.train.settings import TrainingDiverged, TrainResult, load_configs
@@ -107,10 +106,7 @@ def study_stage(params_path: str | Path, metrics_path: str | Path, progress: boo
                 say=print) -> dict:
     """The latent study of params.yaml's `study` section (ltm.study.run) on the testbed of
     data.synthetic and on the token cache; its metrics to metrics_path."""
-    cfg = load_section(StudyConfig, "study", params_path)
-    data = load_section(DataConfig, "data", params_path)
-    vocab_size = read_meta(data.cache_dir)["vocab_size"] if "corpus" in cfg.sources else 0
-    return run_study(cfg, data, vocab_size, metrics_path, progress, say)
+    return study_from_params(params_path, metrics_path, progress, say)
 
 
 def main() -> None:

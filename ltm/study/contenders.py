@@ -90,15 +90,15 @@ def _schedule(cfg: StudyConfig, steps: int) -> TrainConfig:
 
 def train_model(module: nn.Module, source: StudySource, cfg: StudyConfig, steps: int,
                 desc: str, progress: bool = True) -> float:
-    """Train module (forward(x, y) -> mean loss) for `steps` batches of the source, drawn from
-    cfg.seed's generator: every model sees the same batches. Returns the mean of the last 10% of
-    the training losses."""
+    """Train module (forward(x, y) -> mean loss, on the device of source.val_x) for `steps`
+    batches of the source, drawn from cfg.seed's generator: every model sees the same batches.
+    Returns the mean of the last 10% of the training losses."""
     optimizer, scheduler = make_optimizer(module, _schedule(cfg, steps), fused=False)
     generator = torch.Generator().manual_seed(cfg.seed)
     losses = []
     module.train()
     for _ in tqdm(range(steps), desc=desc, disable=not progress, leave=False):
-        x, y = source.sample(cfg.batch_size, generator)
+        x, y = (t.to(source.val_x.device) for t in source.sample(cfg.batch_size, generator))
         loss = module(x, y)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"study {desc}: the loss is {loss.item()}")
@@ -113,22 +113,23 @@ def train_model(module: nn.Module, source: StudySource, cfg: StudyConfig, steps:
     return sum(tail) / len(tail)
 
 
-def _built(model_cfg: ModelConfig, seed: int) -> LTM:
+def _built(model_cfg: ModelConfig, seed: int, device: torch.device) -> LTM:
     torch.manual_seed(seed)  # every model of a source starts from the same draw where shapes agree
-    return LTM(model_cfg)
+    return LTM(model_cfg).to(device)
 
 
 def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
                      say=print) -> Contenders:
     """Train the latent model, the parameter-matched plain model, the shared-latents model (all
     for cfg.steps batches) and the plain model at the latent model's training FLOPs."""
-    T, V = source.val_x.shape[1], source.vocab_size
+    T, V, device = source.val_x.shape[1], source.vocab_size, source.val_x.device
     latent_cfg = latent_config(cfg)
-    latent = attach_encoder(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed), latent_cfg)
+    latent = attach_encoder(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed, device),
+                            latent_cfg)
     target = non_embedding_params(latent)
     plain_cfg = decoder_config(cfg, V, T, 0, d_ff=matched_d_ff(cfg, V, T, target))
-    shared = SharedLatents(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed))
-    plain = _built(plain_cfg, cfg.seed)
+    shared = SharedLatents(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed, device)).to(device)
+    plain = _built(plain_cfg, cfg.seed, device)
     name = source.name
     loss = {"latent": train_model(LossModel(latent, False, False, latent_cfg), source, cfg,
                                   cfg.steps, f"study {name}: latent", progress),
@@ -141,7 +142,7 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
     steps = math.ceil(cfg.steps * latent_flops / plain_flops)
     notes, equal = [], None
     if steps <= cfg.max_equal_flops_steps:
-        equal = _built(plain_cfg, cfg.seed)
+        equal = _built(plain_cfg, cfg.seed, device)
         loss["plain_equal_flops"] = train_model(LossModel(equal, False, False), source, cfg, steps,
                                                 f"study {name}: plain, equal FLOPs", progress)
     else:

@@ -4,14 +4,15 @@ control with the latent model, paired, with standard errors (ltm.study.verdict),
 to one JSON (the train stage's study.json)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ltm.data.cache import DataConfig
+from ltm.data.cache import DataConfig, read_meta
+from ltm.params import ParamsError, load_section
 from ltm.study.contenders import Contenders, latent_config, train_contenders
 from ltm.study.scores import (bound_curve, dynamic_suffix_nll, prefix_posterior_sample,
                               suffix_nll, with_init)
@@ -75,13 +76,27 @@ def encoder_buys(curves: list[dict], inner_steps: int) -> dict:
     return out
 
 
+def resolve_device(name: str) -> torch.device:
+    """study.device: auto = CUDA when there is one; cuda without one is a one-line error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ParamsError("study.device: cuda asked for, but torch sees no CUDA device")
+    return torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def on_device(source: StudySource, device: torch.device) -> StudySource:
+    """The source with its scored sequences on `device` (training batches follow them there)."""
+    return dataclasses.replace(source, val_x=source.val_x.to(device), val_y=source.val_y.to(device))
+
+
 def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, say=print) -> dict:
-    """Everything the study says about one source."""
+    """Everything the study says about one source (on the device of its val_x)."""
     start = time.perf_counter()
     c = train_contenders(source, cfg, progress, say)
     say(f"study {source.name}: scoring {len(source.val_x)} sequences")
     scores, dynamic = _score(c, source, cfg, say)
     out = {"sequences": len(source.val_x), "receptive_field": receptive_field(cfg),
+           "device": torch.cuda.get_device_name(source.val_x.device)
+           if source.val_x.device.type == "cuda" else "cpu",
            "params": c.params, "train_loss_last10pct": c.train_loss,
            "equal_flops_steps": c.equal_flops_steps, "dynamic_evaluation": dynamic,
            "suffix_nll": {k: mean_se(v) for k, v in scores.items()},
@@ -105,12 +120,24 @@ def run_study(cfg: StudyConfig, data: DataConfig, vocab_size: int, metrics_path:
     metrics: dict = {"enabled": cfg.enabled}
     if cfg.enabled:
         torch.manual_seed(cfg.seed)
+        device = resolve_device(cfg.device)
+        torch.backends.cuda.matmul.allow_tf32 = device.type == "cuda"
         builders = {"testbed": lambda: synthetic_source(data, cfg),
                     "corpus": lambda: corpus_source(data.cache_dir, vocab_size, cfg)}
-        metrics["sources"] = {name: study_source(builders[name](), cfg, progress, say)
+        metrics["sources"] = {name: study_source(on_device(builders[name](), device), cfg, progress, say)
                               for name in cfg.sources}
         metrics["verdict"] = [line for s in metrics["sources"].values() for line in s["verdict"]]
     path = Path(metrics_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=1, default=float))
     return metrics
+
+
+def study_from_params(params_path: str | Path, metrics_path: str | Path, progress: bool = True,
+                      say=print) -> dict:
+    """run_study with the `study` and `data` sections of a params file (the token cache's
+    vocabulary read from its meta.json when the corpus is studied)."""
+    cfg = load_section(StudyConfig, "study", params_path)
+    data = load_section(DataConfig, "data", params_path)
+    vocab_size = read_meta(data.cache_dir)["vocab_size"] if "corpus" in cfg.sources else 0
+    return run_study(cfg, data, vocab_size, metrics_path, progress, say)

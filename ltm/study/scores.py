@@ -42,7 +42,7 @@ def suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,
         suffix = suffix_targets(yb, prefix_len)
         z = latents(xb, yb)
         out.append(sequence_nll(model, z, xb, suffix).double() / (suffix != IGNORE_INDEX).sum(1))
-    return torch.cat(out)
+    return torch.cat(out).cpu()
 
 
 def prefix_posterior_sample(model: LTM, latent: LatentConfig, prefix_len: int, steps: int,
@@ -53,7 +53,7 @@ def prefix_posterior_sample(model: LTM, latent: LatentConfig, prefix_len: int, s
     fitter = decoder_fitter(model, latent)
 
     def latents(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(x.device).manual_seed(seed)
         with torch.enable_grad():
             post = fitter.fit((x[:, :prefix_len], y[:, :prefix_len]),
                               latent_shape(model.cfg, len(x)), steps, generator)
@@ -83,7 +83,7 @@ def dynamic_suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len:
             logits = functional_call(model, params, (xi,))[0]  # (1, T, V)
             out.append(torch.nn.functional.cross_entropy(
                 logits[0, prefix_len:].double(), yi[0, prefix_len:]))
-    return torch.stack(out)
+    return torch.stack(out).cpu()
 
 
 def bound_curve(model: LTM, latent: LatentConfig, x: torch.Tensor, y: torch.Tensor,
@@ -93,12 +93,16 @@ def bound_curve(model: LTM, latent: LatentConfig, x: torch.Tensor, y: torch.Tens
     fitter = decoder_fitter(model, latent)
     rows = []
     for n in steps:
-        sums, seconds = torch.zeros(3, dtype=torch.float64), 0.0
+        sums, seconds = torch.zeros(3, dtype=torch.float64, device=x.device), 0.0
         for xb, yb in _batches(x, y):
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch.Generator(x.device).manual_seed(seed)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
             start = time.perf_counter()
             with torch.enable_grad():
                 post = fitter.fit((xb, yb), latent_shape(model.cfg, len(xb)), n, generator)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
             seconds += time.perf_counter() - start
             sums += nelbo_sums(model, xb, yb, post.mu, post.log_var, 1, generator)
         nll, kl, tokens = (float(v) for v in sums)

@@ -14,6 +14,7 @@ class StudyConfig:
     """`study`. Defaults: minutes on a laptop CPU, both sources."""
 
     enabled: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when there is one (float32, TF32)
     # testbed: the Markov-chain topics of data.synthetic (exact likelihood); corpus: the token cache
     sources: list[Literal["testbed", "corpus"]] = field(default_factory=lambda: list(SOURCES))
     # every decoder of the study: softmax attention through a window of `window` tokens, so that

@@ -22,3 +22,16 @@ def test_the_latent_bench_writes_its_record_on_the_cpu(tmp_path):
     # the plain step is the reference of every ratio
     assert rows[0]["case"] == "plain step" and rows[0]["x_plain"] == 1.0
     assert any(row["case"].startswith("latent step") for row in rows)
+
+
+def test_the_semi_amortised_step_is_timed_with_its_encoder(tmp_path):
+    out = tmp_path / "latent.json"
+    done = subprocess.run([sys.executable, str(ROOT / "gpu" / "latent_bench.py"), str(out), "--tiny",
+                           "--no-compile", "--repeats", "1", "--init", "encoder",
+                           "--inner-steps", "1"], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["latent"]["init"] == "encoder" and record["sizes"]["inner_steps"] == 1
+    assert any(row["case"] == "latent step (encoder + 1 inner)" and row["error"] is None
+               for row in record["rows"])
