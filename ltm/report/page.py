@@ -47,26 +47,42 @@ def _flat_table(metrics: dict) -> pd.DataFrame:
     return flat
 
 
-def study_section(metrics_dir: Path) -> Section:
+def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section:
     """The report's first section: the latent study's verdict, its table, what the encoder buys
-    and the bound by inference steps."""
+    and the bound by inference steps; then the study and the latent step's cost recorded on a
+    GPU (records_dir: JSON with `study` and `speed`, see records/gpu/study)."""
     title = "Do latent thoughts carry information? The verdict"
     path = Path(metrics_dir) / "study.json"
     study = json.loads(path.read_text()) if path.is_file() else None
-    if not study or not study.get("enabled"):
+    recorded = [] if records_dir is None or not Path(records_dir).is_dir() else \
+        read_records(records_dir, "speed", "GPU study")
+    tables, figures = [], []
+    if study and study.get("enabled"):
+        tables, figures = [study_table(study), encoder_table(study)], [bound_figure(study)]
+        note = " · ".join(verdict_lines(study)) + ". " + STUDY_NOTE
+    else:
         why = "study.enabled is false" if study else "the train stage wrote no study.json"
-        return Section(title, [], [], f"No latent study: {why}.")
-    note = (" · ".join(verdict_lines(study)) + ". Suffix NLL: the second half of each validation "
-            "sequence given the first, nats per token, mean ± standard error over sequences; the "
-            "latent's gain is control - latent, paired per sequence (positive: latent better); "
-            "a claim counts beyond 5 SE. Every model trained on the same batches; decoders see a "
-            "window of study.window tokens per layer, so z is the only channel beyond it. "
-            "Dynamic evaluation: the plain model's weights take as many SGD steps on the prefix "
-            "as the latent model takes inference steps (each costing more FLOPs), the best step "
-            "size reported. Second table: the bound NLL + KL per token after the encoder and k "
-            "inference steps, and the cold-start steps that reach it.")
-    return Section(title, [study_table(study), encoder_table(study)], [bound_figure(study)], note)
+        note = f"No latent study in this run: {why}."
+    for name, record in recorded:
+        where = f"{record['device']}, {name.name}"
+        tables += [study_table(record["study"]).assign(recorded=where),
+                   encoder_table(record["study"]).assign(recorded=where),
+                   pd.DataFrame(record["speed"]).assign(recorded=where)]
+        note += (f" Recorded on a GPU ({where}, commit {str(record.get('commit'))[:8]}): "
+                 + " · ".join(verdict_lines(record["study"])) + "; the last table: the latent "
+                 "training step at the GPU profile as a multiple of a compiled plain step (x_plain).")
+    return Section(title, tables, figures, note)
 
+
+STUDY_NOTE = ("Suffix NLL: the second half of each validation sequence given the first, nats per "
+              "token, mean ± standard error over sequences; the latent's gain is control - latent, "
+              "paired per sequence (positive: latent better); a claim counts beyond 5 SE. Every "
+              "model trained on the same batches; decoders see a window of study.window tokens per "
+              "layer, so z is the only channel beyond their receptive field. Dynamic evaluation: "
+              "the plain model's weights take as many SGD steps on the prefix as the latent model "
+              "takes inference steps (each costing more FLOPs), the best step size reported. "
+              "Second table: the bound NLL + KL per token after the encoder and k inference steps, "
+              "and the cold-start steps that reach it.")
 
 
 def summary_section(metrics_dir: Path) -> Section:

@@ -33,7 +33,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     env = environment()
-    sections = [study_section(metrics_dir), summary_section(metrics_dir), settings_section(Path(params_path), env),
+    sections = [study_section(metrics_dir, Path(gpu_records) / "study"), summary_section(metrics_dir), settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
                 latent_section(metrics_dir, plots_dir, Path(gpu_records)),
                 prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),

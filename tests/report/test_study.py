@@ -40,3 +40,20 @@ def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
     section = study_section(tmp_path)
     assert section.note.startswith("testbed: latent beats") and len(section.tables) == 2
     assert len(section.figures) == 1
+
+
+def test_a_recorded_gpu_study_follows_this_runs(tmp_path):
+    import json
+    from ltm.report.page import study_section
+    records = tmp_path / "records"
+    records.mkdir()
+    speed = [{"init": "encoder", "inner_steps": 2, "case": "latent step", "ms": 150.0, "x_plain": 4.2}]
+    (records / "study-x.json").write_text(json.dumps({"device": "H100", "commit": "abc",
+                                                      "study": STUDY, "speed": speed}))
+    section = study_section(tmp_path, records)
+    assert section.note.startswith("No latent study in this run") and "H100" in section.note
+    assert len(section.tables) == 3 and section.tables[2]["x_plain"].iloc[0] == 4.2
+    (records / "broken.json").write_text("{}")
+    import pytest
+    with pytest.raises(ValueError, match="not a GPU study record"):
+        study_section(tmp_path, records)
