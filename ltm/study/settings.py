@@ -26,7 +26,7 @@ class StudyConfig:
     n_latent: int = 4
     seq_len: int = 128  # corpus windows; the testbed's is data.synthetic.length
     # training: the same batches for every model (equal tokens), AdamW, warm-up then cosine
-    steps: int = 400
+    steps: int = 150
     batch_size: int = 32
     lr: float = 0.003
     warmup_steps: int = 20
@@ -38,12 +38,12 @@ class StudyConfig:
     # the bound (NLL + KL) by inference steps: encoder + these steps, and cold starts
     encoder_curve: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 16])
     cold_curve: list[int] = field(default_factory=lambda: [0, 4, 16, 64])
-    curve_sequences: int = 64
+    curve_sequences: int = 32
     # dynamic evaluation: the plain model, inner_steps SGD steps on each prefix; the best of these
     # step sizes is reported (which favours the control)
-    dynamic_lrs: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])
+    dynamic_lrs: list[float] = field(default_factory=lambda: [0.01, 0.1])
     # validation sequences scored (the testbed: its first ones; the corpus: its first windows)
-    val_sequences: int = 256
+    val_sequences: int = 192
     # plain models at the latent model's training FLOPs: skipped when that needs more steps
     max_equal_flops_steps: int = 4000
     seed: int = 0
