@@ -12,9 +12,10 @@ import seaborn as sns
 
 from ltm.params import load_section
 from ltm.report.headline import headline
+from ltm.report.render import render_html
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
-                             kernel_history_section, latent_section, prior_section, render_html,
+                             kernel_history_section, latent_section, prior_section,
                              samples_section, settings_section, study_section, summary_section,
                              train_section)
 

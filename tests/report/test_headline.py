@@ -49,13 +49,3 @@ def test_the_kernel_line_names_the_reference_it_was_measured_against(tmp_path):
     assert "fla's Triton path" in line and "delta_rule fwd" in line and "worst" in line
     assert "Not yet against fla with its FlashQLA" in line
 
-
-def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
-    from pathlib import Path
-    from ltm.report.page import kernel_history_section
-    records = Path(__file__).resolve().parents[2] / "records" / "bench"
-    section = kernel_history_section(records)
-    summary, per_record = section.tables
-    assert {"op", "pass", "geomean_x_fla", "worst_x_fla"} <= set(summary)
-    assert len(per_record) == len(list(records.glob("*.json"))) and section.folded
-    assert per_record["rows"].sum() > 100  # the raw rows are counted, not shown
