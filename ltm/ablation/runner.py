@@ -23,7 +23,7 @@ from ltm.train.optimizers import MuonAdamW, optimizer_parts
 from ltm.model.lm import LTM, ModelConfig
 from ltm.train.checkpoint import seed_everything
 from ltm.train.settings import TrainConfig
-from ltm.latent.evaluate import prior_nll_sums
+from ltm.ablation.latent_score import prior_nll_sums
 from ltm.train.hardware import autocast
 from ltm.train.trainer import Trainer, evaluate
 
@@ -152,7 +152,7 @@ class Runner:
 
     def latent_score(self) -> float:
         """E_prior[NLL] per token of a latent model over the fixed set, each batch's z from a
-        generator seeded by train.seed and the batch index (ltm.latent.evaluate.prior_nll_sums):
+        generator seeded by train.seed and the batch index (ltm.ablation.latent_score):
         every runner draws the same z, and no inner loop amplifies a rounding difference of the
         weights into a different fitted z (the fitted bound moved by 0.4-0.6 nats under exact
         switches; issue 41)."""

@@ -36,19 +36,6 @@ def nelbo_sums(model: LTM, x: torch.Tensor, y: torch.Tensor, mu: torch.Tensor,
     return torch.stack([nll.sum() / samples, kl.sum(), tokens])
 
 
-@torch.no_grad()
-def prior_nll_sums(model: LTM, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
-    """(sum of NLL, tokens) of a batch, float64 (2,), each sequence scored given one z drawn from
-    the prior N(0, I) by a generator seeded `seed`: an unbiased estimate of E_prior[NLL], the
-    negative ELBO of q = prior (KL 0), so an upper bound of -log p(x) as well. No inner loop: the
-    same draws for every model, and a score smooth in the weights (the ablate protocol's for a
-    latent model, whose fitted bound amplifies float rounding through the Adam steps)."""
-    generator = torch.Generator(x.device).manual_seed(seed)
-    z = torch.randn(latent_shape(model.cfg, x.shape[0]), device=x.device, generator=generator)
-    nll = sequence_nll(model, z.to(model.embed.weight.dtype), x, y).double().sum()
-    return torch.stack([nll, token_counts(y).sum().double()])
-
-
 def nelbo_per_token(model: LTM, x: torch.Tensor, y: torch.Tensor, mu: torch.Tensor,
                     log_var: torch.Tensor, samples: int = 1,
                     generator: torch.Generator | None = None) -> torch.Tensor:
