@@ -56,9 +56,10 @@ class Protocol:
         self.rounding: float | None = None  # rounding_probe's result
 
     def rounding_probe(self, origin: Runner) -> float | None:
-        """A latent model's score passes through the inner loop, whose Adam steps amplify float
-        rounding: an exact switch that only rounds differently (fused AdamW, the fused loss) moves
-        it far beyond ablate.exact_tolerance. Measured here as |delta score| of the baseline
+        """A latent model's training passes through the inner loop, whose Adam steps amplify float
+        rounding (its score no longer does: Runner.latent_score): an exact switch that only rounds
+        differently (fused AdamW, the fused loss) may move it beyond ablate.exact_tolerance.
+        Measured here as |delta score| of the baseline
         against itself with every weight moved by one float32 rounding step (relative 2^-23,
         random sign); exact switches of a latent model are then allowed rounding_factor x that.
         None for a plain model (no inner loop: rounding stays rounding)."""
@@ -202,6 +203,8 @@ def ablate(cfg: AblateConfig, sections: dict, cache_dir: str,
             "warmup": cfg.warmup, "steps": cfg.steps, "repeats": cfg.repeats,
             "val_sequences": cfg.val_sequences, "kept": [c.text for c in kept],
             "rounding_probe": protocol.rounding,
+            "score": ("latent model: NLL per token given z drawn from the prior with fixed seeds "
+                      "(no inference)" if origin.trainer.model_cfg.n_latent else "NLL per token"),
             "profile_step_ms": profile_wall,
             "seconds": round(time.perf_counter() - started, 1)}
     return Ablation(pd.DataFrame(rows), profile, info)

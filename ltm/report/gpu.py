@@ -20,6 +20,7 @@ class Section:
     tables: list[pd.DataFrame]
     figures: list[Figure]
     note: str = ""
+    folded: bool = False  # figures and tables behind a "show" toggle (history, full settings)
 
 
 def gpu_training_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -58,7 +59,8 @@ def gpu_section(gpu_dir: Path) -> Section:
     note = ("Measured with gpu/train.sh and gpu/ddp.sh on the devices named, kept in git as JSON "
             "because the CPU pipeline cannot rerun them; MFU is against 989 TFLOP/s (dense bf16).")
     tables = [runs] + ([scaling] if not scaling.empty else [])
-    return Section("Training on GPUs (recorded history)", tables, [gpu_figure(runs)], note)
+    return Section("Training on GPUs (recorded history)", tables, [gpu_figure(runs)], note,
+                   folded=True)
 
 
 # the columns of a GPU ablate record the report shows (the CSV has the baseline's too)
@@ -79,7 +81,7 @@ def gpu_ablate_section(folder: Path) -> Section:
     note = ("Measured with gpu/ablate.py and kept in git, in the order of the files: " + runs
             + ". History, not measurements of this commit.")
     return Section(title, [table[GPU_ABLATE_COLUMNS] for _, _, table in records],
-                   [ablate_figure(table) for _, _, table in records], note)
+                   [ablate_figure(table) for _, _, table in records], note, folded=True)
 
 
 # the columns of a time-to-target record the report shows, one row per run
@@ -118,4 +120,4 @@ def gpu_time_to_target_section(folder: Path) -> Section:
             "both runs reach; equal quality: final loss at most the tolerance above the "
             "reference's; worst_vs_equal_adamw: the smallest speedup at a fixed target against "
             "any AdamW run of equal quality. " + "; ".join(notes) + ". History, not measurements of this commit.")
-    return Section(title, tables, figures, note)
+    return Section(title, tables, figures, note, folded=True)

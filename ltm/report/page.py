@@ -1,23 +1,21 @@
-"""The report stage: one self-contained HTML page (tables and figures embedded as PNG, no script
-or font from the internet) built from the metrics JSON and plot CSVs that the other stages wrote.
+"""The report's sections, built from the metrics JSON and plot CSVs that the other stages wrote and
+the GPU records kept in git (the page itself: ltm.report.render; its first screen:
+ltm.report.headline).
 
-Sections come in the order a researcher asks: what changed (this run beside the last commit and
-each `dvc exp` run, with the noise), the settings it ran with, training, latent thoughts, the
-ablation verdicts, benchmarks, generated text, and the GPU records kept in git, marked as history.
+Sections come in the order a researcher asks: does the latent study find that latents carry
+information, what changed (this run beside the last commit and each `dvc exp` run, with the
+noise), the settings it ran with (folded), training, latent thoughts, the ablation verdicts,
+benchmarks, generated text, and the GPU records kept in git, marked as history and folded.
 """
 from __future__ import annotations
 
-import base64
 import datetime
-import html
-import io
 import json
 import platform
 from pathlib import Path
 
 import pandas as pd
 import torch
-from matplotlib.figure import Figure
 
 from ltm.report import compare
 from ltm.bench.kernel_grid import grid_summary
@@ -44,7 +42,7 @@ def _missing(title: str, stage: str) -> Section:
 def _flat_table(metrics: dict) -> pd.DataFrame:
     flat = pd.json_normalize(metrics, sep=".").T
     flat.columns = ["value"]
-    return flat
+    return flat.rename_axis("metric").reset_index()
 
 
 def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section:
@@ -108,10 +106,13 @@ def settings_section(params_path: Path, env: dict) -> Section:
     for name in ("model", "train", "data"):
         flat = compare.flatten(params.get(name) or {}, f"{name}.")
         tables.append(pd.DataFrame({"parameter": list(flat), "value": [str(v) for v in flat.values()]}))
+    differs = (" Differs from the last commit: " + "; ".join(
+        f"{r['parameter']} {r['HEAD']} -> {r['this run']}" for _, r in changed.iterrows()) + "."
+        if not changed.empty else " No parameter differs from the last commit.")
     note = ("The device and versions of this report, the commit and whether the workspace differs "
             "from it, the parameters that differ from the last commit (when any), then the model, "
-            "train and data sections as run.")
-    return Section("Run settings", tables, [], note)
+            "train and data sections as run." + differs)
+    return Section("Run settings", tables, [], note, folded=True)
 
 
 def data_section(metrics_dir: Path) -> Section:
@@ -263,8 +264,14 @@ def ablate_section(plots_dir: Path) -> Section:
     if table is None:
         return _missing("Ablation verdicts", "ablate")
     note = ("Each change against the baseline on the same validation batches; see the ablate "
-            "stage's notebook for the protocol.")
-    return Section("Ablation verdicts", [table], [ablate_figure(table)], note)
+            "stage's notebook for the protocol; reports/plots/ablate.csv holds every column.")
+    shown = [c for c in ABLATE_COLUMNS if c in table]
+    return Section("Ablation verdicts", [table[shown]], [ablate_figure(table)], note)
+
+
+# the ablate table's columns on the page
+ABLATE_COLUMNS = ["switch", "kind", "verdict", "kept", "speedup", "step_ms", "val_loss",
+                  "delta_val_loss", "tolerance", "peak_memory_mib", "note"]
 
 
 def benchmark_tables(table: pd.DataFrame) -> list[pd.DataFrame]:
@@ -273,7 +280,7 @@ def benchmark_tables(table: pd.DataFrame) -> list[pd.DataFrame]:
     for group, rows in table.groupby("group", sort=False):
         wide = rows.pivot_table(index="case", columns="impl", values="ms", sort=False)
         wide.columns = [f"{c} ms" for c in wide.columns]
-        tables.append(wide.dropna(axis=1, how="all").rename_axis(group))
+        tables.append(wide.dropna(axis=1, how="all").rename_axis(group).reset_index())
     return tables
 
 
@@ -296,24 +303,29 @@ def samples_section(samples_path: Path | None) -> Section:
 
 
 def kernel_history_section(folder: Path) -> Section:
+    """The newest kernel grid per op (its summary, the figure) and one row per kernel record; the
+    raw rows stay in the records."""
     table = recorded_kernel_rows(folder)
     title = "Kernel benchmarks on GPUs (recorded history)"
     if table.empty:
         return Section(title, [], [], f"No kernel benchmark records in {folder}.")
-    note = ("Measured on the devices and at the commits named, kept in git because the CPU "
-            "pipeline cannot rerun them: history, not measurements of this commit.")
+    per_record = (table.groupby("record", sort=False)
+                  .agg(device=("device", "first"), commit=("commit", "first"),
+                       ops=("op", lambda ops: ", ".join(sorted(set(ops)))), rows=("ms", "size"))
+                  .reset_index())
+    per_record["commit"] = per_record["commit"].astype(str).str[:8]
+    note = ("Measured on the devices and at the commits named, kept in git (records/bench) because "
+            "the CPU pipeline cannot rerun them: history, not measurements of this commit. The "
+            "last table: one row per record (its raw rows are in the file).")
     rows = latest_grid(folder)
     if not rows:
-        return Section(title, [table], [], note)
-    grid = pd.DataFrame(rows)
-    note += (" Above: the shape grid of the newest kernel-grid record per op, x_fla = fla ms / "
-             "ours ms (above 1, ours is faster; per op and pass the geometric mean and the worst "
-             "shape), and time over the floor per shape (figure). The *_graph columns (rings "
-             "in the figure) time the same calls replayed from a CUDA graph: GPU time only, where "
-             "do_bench's ms include the host's wherever the host is the slower. Below: every "
-             "recorded row.")
-    return Section(title, [pd.DataFrame(grid_summary(rows)), grid, table],
-                   [kernel_grid_figure(grid)], note)
+        return Section(title, [per_record], [], note, folded=True)
+    note = ("Per op and pass, the newest kernel-grid record: x_fla = fla ms / ours ms (above 1, "
+            "ours is faster), the geometric mean and the worst shape over the grid; the figure "
+            "gives each shape's time over its floor (rings: the same calls replayed from a CUDA "
+            "graph, GPU time only). " + note)
+    return Section(title, [pd.DataFrame(grid_summary(rows)), per_record],
+                   [kernel_grid_figure(pd.DataFrame(rows))], note, folded=True)
 
 
 def environment() -> dict:
@@ -324,38 +336,3 @@ def environment() -> dict:
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
             "commit": state["commit"], "uncommitted changes": dirty,
             "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-
-
-def human(x) -> str:
-    """Numbers for people: thousands separated, four significant digits, no exponent below 1e9."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return str(x)
-    if x != x:  # NaN
-        return ""
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.4g}"
-
-
-def _figure_html(fig: Figure, dpi: int) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    encoded = base64.b64encode(buffer.getvalue()).decode()
-    return f'<img alt="figure" src="data:image/png;base64,{encoded}">'
-
-
-def render_html(title: str, sections: list[Section], env: dict, dpi: int) -> str:
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             "<p class=env>" + " · ".join(f"{k}: {html.escape(str(v))}" for k, v in env.items()) + "</p>"]
-    for section in sections:
-        parts.append(f"<h2>{html.escape(section.title)}</h2>")
-        if section.note:
-            parts.append(f"<p>{html.escape(section.note)}</p>")
-        parts += [_figure_html(fig, dpi) for fig in section.figures]
-        parts += [table.to_html(float_format=human, border=0, na_rep="") for table in section.tables]
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
-             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-             ".env{color:#666;font-size:0.85em}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")

@@ -7,12 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import seaborn as sns
 
 from ltm.params import load_section
+from ltm.report.headline import headline
+from ltm.report.render import render_html
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
-                             kernel_history_section, latent_section, prior_section, render_html,
+                             kernel_history_section, latent_section, prior_section,
                              samples_section, settings_section, study_section, summary_section,
                              train_section)
 
@@ -33,7 +36,10 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
     metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     env = environment()
-    sections = [study_section(metrics_dir, Path(gpu_records) / "study"), summary_section(metrics_dir), settings_section(Path(params_path), env),
+    summary = summary_section(metrics_dir)
+    lines = headline(metrics_dir, Path(bench_records),
+                     summary.tables[0] if summary.tables else pd.DataFrame())
+    sections = [study_section(metrics_dir, Path(gpu_records) / "study"), summary, settings_section(Path(params_path), env),
                 data_section(metrics_dir), train_section(metrics_dir, plots_dir),
                 latent_section(metrics_dir, plots_dir, Path(gpu_records)),
                 prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),
@@ -43,5 +49,5 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: st
                 gpu_ablate_section(Path(gpu_records) / "ablate"),
                 gpu_time_to_target_section(Path(gpu_records) / "ttt")]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi))
+    Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi, lines))
     return sections

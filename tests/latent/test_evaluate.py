@@ -161,3 +161,4 @@ def test_the_iwae_bounds_the_likelihood_and_tightens_with_samples():
     nelbo = ((0.5 * ((data - mu).square() + var) + 0.5 * math.log(2 * math.pi)).sum(0).flatten(1)
              .sum(1) + gaussian_kl(mu, log_var))
     assert ((mean[0] - nelbo).abs() < 4 * stderr[0]).all(), (mean[0], nelbo)
+

@@ -124,3 +124,14 @@ def test_training_section_plots_validation_loss_against_the_training_clock(tmp_p
     assert list(curve.get_xdata()) == [0.8, 2.0] and list(curve.get_ydata()) == [5.5, 5.0]
     assert list(target.get_ydata()) == [5.2, 5.2] and curve.get_label() == "attention, muon"
     assert list(by_tokens.lines[0].get_xdata()) == [100, 200]
+
+
+def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
+    from pathlib import Path
+    from ltm.report.page import kernel_history_section
+    records = Path(__file__).resolve().parents[2] / "records" / "bench"
+    section = kernel_history_section(records)
+    summary, per_record = section.tables
+    assert {"op", "pass", "geomean_x_fla", "worst_x_fla"} <= set(summary)
+    assert len(per_record) == len(list(records.glob("*.json"))) and section.folded
+    assert per_record["rows"].sum() > 100  # the raw rows are counted, not shown

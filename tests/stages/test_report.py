@@ -29,7 +29,7 @@ def _git(root, *args):
     subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
-SECTIONS = ["Summary: what changed", "Run settings", "Data", "Training", "Latent thoughts",
+SECTIONS = ["Do latent thoughts carry information? The verdict", "Summary: what changed", "Run settings", "Data", "Training", "Latent thoughts",
             "A learned prior over latent thoughts",
             "Ablation verdicts", "Benchmarks", "Generated text",
             "Kernel benchmarks on GPUs (recorded history)", "Training on GPUs (recorded history)",
@@ -55,12 +55,13 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     sections = report_stage(params, Path("metrics"), Path("plots"), tmp_path / "bench",
                             tmp_path / "gpu", out)
     assert [s.title for s in sections] == SECTIONS
-    summary = sections[0].tables[0].set_index("metric")
+    assert "no study.json" in sections[0].note
+    summary = sections[1].tables[0].set_index("metric")
     val = summary.loc["validation loss (nats/token; a bound for latent models)"]
     assert val["then"] == 3.21 and val["this run"] == 3.01
     # the last commit recorded no noise: the report says so rather than guess
     assert val["verdict"] == "noise not measured"
-    settings = sections[1]
+    settings = sections[2]
     changed = settings.tables[1]
     assert changed.to_dict("records") == [{"parameter": "train.lr", "HEAD": 0.003, "this run": 0.002}]
     assert "uncommitted changes" in settings.tables[0].setting.tolist()
@@ -72,4 +73,8 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     page = out.read_text()
     assert "<title>My run</title>" in page and "<script" not in page and "http" not in page
     assert page.count("data:image/png;base64,") == 2  # the loss curves and the ablation
+    # the first screen: the headline box, then the contents; no index column in any table
+    assert page.index("class=headline") < page.index("<nav>") < page.index("<h2")
+    assert "Latent thoughts: no study in this run" in page and "What changed since" in page
+    assert '<th></th>' not in page and "train.lr 0.003 -&gt; 0.002" in page
     assert "the benchmark stage has not written its metrics" in page

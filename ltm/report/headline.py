@@ -1,0 +1,77 @@
+"""The report's first screen: four answers in a few lines (did latents help, which switches paid,
+our kernels against the reference, what changed since the last commit), each from what a stage
+wrote or a record kept in git, saying where it comes from."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ltm.bench.kernel_grid import grid_summary
+from ltm.report.records import latest_grid
+
+# the study's control that answers "did latents help" first, then the instrument's check
+STUDY_HEADLINE = ("the plain model with as many parameters (equal tokens)", "z of another sequence")
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def latent_line(metrics_dir: Path) -> str:
+    study = _json(metrics_dir / "study.json")
+    if not study or not study.get("enabled"):
+        return "Latent thoughts: no study in this run (study.enabled, or the train stage did not run)."
+    lines = [line for line in study.get("verdict") or []
+             if any(label in line for label in STUDY_HEADLINE)]
+    return "Latent thoughts (this run's study, suffix NLL, paired): " + "; ".join(lines) + "."
+
+
+def switches_line(metrics_dir: Path) -> str:
+    ablate = _json(metrics_dir / "ablate.json")
+    if not ablate:
+        return "Speed switches: the ablate stage wrote no verdicts."
+    rows = {k: v for k, v in ablate.items() if isinstance(v, dict) and "verdict" in v
+            and k not in ("baseline", "final")}
+    by_verdict: dict[str, list[str]] = {}
+    for k, v in rows.items():
+        shown = f"{k} x{v['speedup']:.2f}" if v["verdict"] == "PASS" else k
+        by_verdict.setdefault(v["verdict"], []).append(shown)
+    device = (ablate.get("protocol") or {}).get("device", "this machine")
+    others = "; ".join(f"{verdict} {', '.join(names)}" for verdict, names in by_verdict.items()
+                       if verdict != "PASS")
+    return (f"Speed switches ({device}, step-time speed-up of each kept change): PASS "
+            f"{', '.join(by_verdict.get('PASS', [])) or 'none'}" + (f"; {others}" if others else "") + ".")
+
+
+def kernels_line(bench_records: Path) -> str:
+    rows = latest_grid(bench_records) if Path(bench_records).is_dir() else []
+    summary = [r for r in grid_summary(rows) if r.get("geomean_x_fla")]
+    if not summary:
+        return "Kernels: no kernel-grid record with fla times in " + str(bench_records) + "."
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    parts = [f"{r['op']} {r['pass']} {r['geomean_x_fla']:.2f}x (worst {r['worst_x_fla']:.2f}x at "
+             f"{r['worst_shape']})" for r in summary]
+    return (f"Kernels against fla's Triton path (recorded on {', '.join(devices) or 'a GPU'}; fla "
+            "time / ours, geometric mean over the grid): " + "; ".join(parts)
+            + ". Not yet against fla with its FlashQLA and TileLang backends.")
+
+
+def changed_line(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return "What changed: nothing to compare (no earlier metrics)."
+    last = summary[summary["compared with"] == "last commit"]
+    moved = last[last["verdict"].astype(str).str.contains("better|worse", case=False)]
+    if last.empty:
+        return "What changed: the last commit has no metrics to compare with."
+    if moved.empty:
+        return f"What changed since the last commit: none of {len(last)} headline metrics beyond their noise."
+    return ("What changed since the last commit: " + "; ".join(
+        f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows()) + ".")
+
+
+def headline(metrics_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:
+    """The first screen's four lines."""
+    return [latent_line(Path(metrics_dir)), switches_line(Path(metrics_dir)),
+            kernels_line(Path(bench_records)), changed_line(summary)]

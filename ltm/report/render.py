@@ -1,0 +1,77 @@
+"""The report's HTML: one self-contained page (figures as embedded PNG, no script or font from the
+internet), the headline box and a table of contents before the sections."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ltm.report.gpu import Section
+
+
+def human(x) -> str:
+    """Numbers for people: thousands separated, four significant digits, no exponent below 1e9."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if x != x:  # NaN
+        return ""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+def _figure_html(fig: Figure, dpi: int) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f'<img alt="figure" src="data:image/png;base64,{encoded}">'
+
+
+def _anchor(title: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+
+
+def _table_html(table: pd.DataFrame) -> str:
+    # no index column; a wide table scrolls inside its box, never the page
+    return ('<div class=tw>' + table.to_html(float_format=human, border=0, na_rep="", index=False)
+            + "</div>")
+
+
+def _section_html(section: Section, dpi: int) -> str:
+    parts = [f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>']
+    if section.note:
+        parts.append(f"<p>{html.escape(section.note)}</p>")
+    body = ([_figure_html(fig, dpi) for fig in section.figures]
+            + [_table_html(table) for table in section.tables])
+    if section.folded and body:
+        count = f"{len(section.figures)} figures, {len(section.tables)} tables"
+        body = [f"<details><summary>show ({count})</summary>"] + body + ["</details>"]
+    return "".join(parts + body)
+
+
+def render_html(title: str, sections: list[Section], env: dict, dpi: int,
+                headline: list[str] = ()) -> str:
+    """The page: title, environment, the headline box, a table of contents, the sections."""
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             "<p class=env>" + " · ".join(f"{k}: {html.escape(str(v))}" for k, v in env.items()) + "</p>"]
+    if headline:
+        parts.append("<div class=headline><ul>" + "".join(f"<li>{html.escape(line)}</li>"
+                                                         for line in headline) + "</ul></div>")
+    parts.append("<nav><b>Contents</b><ol>" + "".join(
+        f'<li><a href="#{_anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
+        + "</ol></nav>")
+    parts += [_section_html(section, dpi) for section in sections]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
+             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;"
+             "max-width:24em;overflow-wrap:break-word}"
+             ".tw{overflow-x:auto;max-width:100%}"
+             ".headline{border:2px solid #1f77b4;border-radius:6px;padding:0.2em 1em;"
+             "background:#f4f8fc;font-size:0.95em}.headline li{margin:0.3em 0}"
+             "nav{font-size:0.9em;columns:2}nav ol{margin:0.3em 0}"
+             ".env{color:#666;font-size:0.85em}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
