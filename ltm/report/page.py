@@ -24,7 +24,7 @@ from ltm.report.figures import (ablate_figure, benchmark_figures, kernel_grid_fi
 from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
 from ltm.report.gpu import Section
-from ltm.report.study import bound_figure, encoder_table, study_table, verdict_lines
+from ltm.report.study import bound_figure, encoder_table, study_table
 
 
 def _read_json(path: Path) -> dict | None:
@@ -57,7 +57,7 @@ def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section
     tables, figures = [], []
     if study and study.get("enabled"):
         tables, figures = [study_table(study), encoder_table(study)], [bound_figure(study)]
-        note = " · ".join(verdict_lines(study)) + ". " + STUDY_NOTE
+        note = STUDY_NOTE  # the verdict lines head the page (ltm.report.headline)
     else:
         why = "study.enabled is false" if study else "the train stage wrote no study.json"
         note = f"No latent study in this run: {why}."
@@ -66,9 +66,9 @@ def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section
         tables += [study_table(record["study"]).assign(recorded=where),
                    encoder_table(record["study"]).assign(recorded=where),
                    pd.DataFrame(record["speed"]).assign(recorded=where)]
-        note += (f" Recorded on a GPU ({where}, commit {str(record.get('commit'))[:8]}): "
-                 + " · ".join(verdict_lines(record["study"])) + "; the last table: the latent "
-                 "training step at the GPU profile as a multiple of a compiled plain step (x_plain).")
+        note += (f" Then the same recorded on a GPU ({where}, commit {str(record.get('commit'))[:8]}, "
+                 "the column `recorded`), and the latent training step at the GPU profile as a "
+                 "multiple of a compiled plain step (x_plain).")
     return Section(title, tables, figures, note)
 
 
