@@ -17,10 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # every stage at the smallest real scope: a few seconds of work each
 TINY = {
-    "data": {"source": "data/raw/tiny", "vocab_size": 300},
+    "data": {"source": "data/raw/tiny", "vocab_size": 300,
+             "synthetic": {"length": 32, "train_sequences": 64, "val_sequences": 8}},
     "model": {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_seq_len": 64},
     "train": {"steps": 12, "batch_size": 4, "seq_len": 32, "eval_every": 6, "eval_batches": 2,
               "warmup_steps": 2, "log_every": 2, "timing_warmup": 2, "checkpoint_every": 6},
+    "study": {"d_model": 16, "n_heads": 2, "n_latent": 1, "seq_len": 32, "steps": 4,
+              "batch_size": 4, "warmup_steps": 1, "inner_steps": 1, "encoder_curve": [0, 1],
+              "cold_curve": [0, 1], "curve_sequences": 4, "dynamic_lrs": [0.1],
+              "val_sequences": 8},
     "ablate": {"steps": 3, "switches": ["train.opt.fused_loss=true"]},
     "benchmark": {"mixers": {"seq_len": 24, "repeats": 1},
                   "generate": {"prompt_len": 4, "new_tokens": 4, "repeats": 1},
@@ -78,8 +83,11 @@ def test_every_stage_ran_and_wrote_its_outputs(workbook):
     assert train["steps"] == 12 and np.isfinite(train["val_loss"])
     assert (clone / "reports/plots/train_loss.csv").read_text().startswith("step,seconds,loss")
     assert (clone / "reports/plots/val_loss.csv").read_text().startswith("step,seconds,loss")
+    study = json.loads((clone / "reports/metrics/study.json").read_text())
+    assert set(study["sources"]) == {"testbed", "corpus"} and len(study["verdict"]) == 10
     page = (clone / "reports/report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3
+    assert study["verdict"][0] in page  # the headline box leads with it
 
 
 def test_stage_notebooks_show_their_figures(workbook):
