@@ -62,13 +62,15 @@ def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section
         why = "study.enabled is false" if study else "the train stage wrote no study.json"
         note = f"No latent study in this run: {why}."
     for name, record in recorded:
-        where = f"{record['device']}, {name.name}"
+        where = name.stem  # the record's file, named with its device and date
         tables += [study_table(record["study"]).assign(recorded=where),
-                   encoder_table(record["study"]).assign(recorded=where),
-                   pd.DataFrame(record["speed"]).assign(recorded=where)]
-        note += (f" Then the same recorded on a GPU ({where}, commit {str(record.get('commit'))[:8]}, "
-                 "the column `recorded`), and the latent training step at the GPU profile as a "
-                 "multiple of a compiled plain step (x_plain).")
+                   encoder_table(record["study"]).assign(recorded=where)]
+        if record["speed"]:
+            tables.append(pd.DataFrame(record["speed"]).assign(recorded=where))
+        note += (f" Then the same recorded on a GPU ({record['device']}, {name.name}, commit "
+                 f"{str(record.get('commit'))[:8]}: the column `recorded`)"
+                 + (", and the latent training step at the GPU profile as a multiple of a "
+                    "compiled plain step (x_plain)." if record["speed"] else "."))
     return Section(title, tables, figures, note)
 
 

@@ -53,6 +53,9 @@ def test_a_recorded_gpu_study_follows_this_runs(tmp_path):
     section = study_section(tmp_path, records)
     assert section.note.startswith("No latent study in this run") and "H100" in section.note
     assert len(section.tables) == 3 and section.tables[2]["x_plain"].iloc[0] == 4.2
+    assert section.tables[0]["recorded"].iloc[0] == "study-x"
+    (records / "study-y.json").write_text(json.dumps({"device": "H200", "study": STUDY, "speed": []}))
+    assert len(study_section(tmp_path, records).tables) == 5  # no empty speed table
     (records / "broken.json").write_text("{}")
     import pytest
     with pytest.raises(ValueError, match="not a GPU study record"):
