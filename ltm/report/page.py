@@ -121,7 +121,8 @@ def data_section(metrics_dir: Path) -> Section:
     metrics = _read_json(metrics_dir / "tokenize.json")
     if metrics is None:
         return _missing("Data", "tokenize")
-    return Section("Data", [_flat_table(metrics)], [])
+    return Section("Data", [_flat_table(metrics)], [], "The token cache this run trained on.",
+                   folded=True)
 
 
 # the training metrics a reader looks at first; the full file is in reports/metrics/train.json
