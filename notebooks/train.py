@@ -94,7 +94,8 @@ from ltm.report.study import bound_figure, study_table, verdict_lines
 from ltm.stages.train import study_stage
 
 study_paths = stage_paths("train", study_metrics_path=study_metrics_path)
-study = study_stage(params_path, study_paths["study_metrics_path"])
+# a summary line per model rather than progress bars, which a stored notebook keeps every update of
+study = study_stage(params_path, study_paths["study_metrics_path"], progress=False)
 print("\n".join(verdict_lines(study)))
 study_table(study)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import torch
 from torch import nn
@@ -130,21 +131,24 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
     plain_cfg = decoder_config(cfg, V, T, 0, d_ff=matched_d_ff(cfg, V, T, target))
     shared = SharedLatents(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed, device)).to(device)
     plain = _built(plain_cfg, cfg.seed, device)
-    name = source.name
-    loss = {"latent": train_model(LossModel(latent, False, False, latent_cfg), source, cfg,
-                                  cfg.steps, f"study {name}: latent", progress),
-            "plain": train_model(LossModel(plain, False, False), source, cfg, cfg.steps,
-                                 f"study {name}: plain", progress),
-            "shared": train_model(shared, source, cfg, cfg.steps, f"study {name}: shared z",
-                                  progress)}
+
+    def fit(label: str, module: nn.Module, steps: int) -> float:
+        start = time.perf_counter()
+        loss = train_model(module, source, cfg, steps, f"study {source.name}: {label}", progress)
+        say(f"study {source.name}: {label}: {steps} steps in {time.perf_counter() - start:.0f} s, "
+            f"training loss {loss:.3f}")
+        return loss
+
+    loss = {"latent": fit("latent", LossModel(latent, False, False, latent_cfg), cfg.steps),
+            "plain": fit("plain", LossModel(plain, False, False), cfg.steps),
+            "shared": fit("shared z", shared, cfg.steps)}
     latent_flops = flops_of(latent.cfg, T, inner_passes(latent_cfg))
     plain_flops = flops_of(plain_cfg, T, 0)
     steps = math.ceil(cfg.steps * latent_flops / plain_flops)
     notes, equal = [], None
     if steps <= cfg.max_equal_flops_steps:
         equal = _built(plain_cfg, cfg.seed, device)
-        loss["plain_equal_flops"] = train_model(LossModel(equal, False, False), source, cfg, steps,
-                                                f"study {name}: plain, equal FLOPs", progress)
+        loss["plain_equal_flops"] = fit("plain, equal FLOPs", LossModel(equal, False, False), steps)
     else:
         notes.append(f"plain at equal training FLOPs skipped: needs {steps} steps, over "
                      f"study.max_equal_flops_steps {cfg.max_equal_flops_steps}")

@@ -14,8 +14,8 @@ import torch
 from ltm.data.cache import DataConfig, read_meta
 from ltm.params import ParamsError, load_section
 from ltm.study.contenders import Contenders, latent_config, train_contenders
-from ltm.study.scores import (bound_curve, dynamic_suffix_nll, prefix_posterior_sample,
-                              suffix_nll, with_init)
+from ltm.study.scores import (bound_curve, dynamic_suffix_nll, own_and_shuffled_suffix_nll,
+                              prefix_posterior_sample, suffix_nll, with_init)
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
 from ltm.study.verdict import mean_se, paired, verdict
@@ -32,10 +32,9 @@ def _score(c: Contenders, source: StudySource, cfg: StudyConfig, say) -> tuple[d
     """Suffix NLL per sequence (N,) of every model and control; the dynamic evaluation's lr."""
     x, y, p = source.val_x, source.val_y, source.prefix_len
     latent = latent_config(cfg)
-    own = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed)
-    other = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed, shuffle=True)
-    scores = {"latent": suffix_nll(c.latent, x, y, p, own),
-              "shuffled": suffix_nll(c.latent, x, y, p, other),
+    fitted = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed)
+    own, shuffled = own_and_shuffled_suffix_nll(c.latent, x, y, p, fitted)
+    scores = {"latent": own, "shuffled": shuffled,
               "plain": suffix_nll(c.plain, x, y, p),
               "shared": suffix_nll(c.shared.model, x, y, p, lambda xb, yb: c.shared.latents(len(xb)))}
     if c.equal_flops is not None:

@@ -46,10 +46,9 @@ def suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,
 
 
 def prefix_posterior_sample(model: LTM, latent: LatentConfig, prefix_len: int, steps: int,
-                            seed: int, shuffle: bool = False):
+                            seed: int):
     """latents(x, y) for suffix_nll: q fitted to the prefix's targets alone (start latent.init,
-    `steps` inner steps), one sample at the inner loop's noise (the generator seeded per batch).
-    shuffle: each sequence gets the z of the next one in its batch (another sequence's z)."""
+    `steps` inner steps), one sample at the inner loop's noise (the generator seeded per batch)."""
     fitter = decoder_fitter(model, latent)
 
     def latents(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -57,10 +56,25 @@ def prefix_posterior_sample(model: LTM, latent: LatentConfig, prefix_len: int, s
         with torch.enable_grad():
             post = fitter.fit((x[:, :prefix_len], y[:, :prefix_len]),
                               latent_shape(model.cfg, len(x)), steps, generator)
-        z = post.sample()  # (B, L, D)
-        return z.roll(1, dims=0) if shuffle else z
+        return post.sample()  # (B, L, D)
 
     return latents
+
+
+@torch.no_grad()
+def own_and_shuffled_suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,
+                                latents: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """suffix_nll (N,) each, with each batch's own z (latents(x, y)) and with another sequence's:
+    z rolled by one within the batch. One fit serves both."""
+    own, other = [], []
+    for xb, yb in _batches(x, y):
+        suffix = suffix_targets(yb, prefix_len)
+        tokens = (suffix != IGNORE_INDEX).sum(1)
+        z = latents(xb, yb)  # (B, L, D)
+        own.append(sequence_nll(model, z, xb, suffix).double() / tokens)
+        other.append(sequence_nll(model, z.roll(1, dims=0), xb, suffix).double() / tokens)
+    return torch.cat(own).cpu(), torch.cat(other).cpu()
 
 
 def dynamic_suffix_nll(model: LTM, x: torch.Tensor, y: torch.Tensor, prefix_len: int,

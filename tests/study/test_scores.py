@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from ltm.latent.encoder import attach_encoder
 from ltm.model.lm import LTM
 from ltm.study.contenders import decoder_config, latent_config
-from ltm.study.scores import (bound_curve, dynamic_suffix_nll, prefix_posterior_sample,
-                              suffix_nll, with_init)
+from ltm.study.scores import (bound_curve, dynamic_suffix_nll, own_and_shuffled_suffix_nll,
+                              prefix_posterior_sample, suffix_nll, with_init)
 from ltm.study.settings import StudyConfig
 
 CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, inner_steps=2)
@@ -45,9 +45,12 @@ def test_z_is_fitted_to_the_prefix_alone_and_shuffling_hands_each_sequence_the_n
     x2, y2 = x.clone(), y.clone()
     x2[:, T // 2 + 1:], y2[:, T // 2:] = 0, 0  # another suffix: the same z
     torch.testing.assert_close(own(x2, y2), z)
-    other = prefix_posterior_sample(model, latent_config(CFG), T // 2, 2, seed=0, shuffle=True)
-    torch.testing.assert_close(other(x, y), z.roll(1, dims=0))
     assert not torch.equal(z[0], z[1])
+    mine, others = own_and_shuffled_suffix_nll(model, x, y, T // 2, own)
+    torch.testing.assert_close(mine, suffix_nll(model, x, y, T // 2, own))
+    torch.testing.assert_close(others, suffix_nll(model, x, y, T // 2,
+                                                  lambda xb, yb: own(xb, yb).roll(1, dims=0)))
+    assert not torch.allclose(mine, others)
 
 
 def test_dynamic_evaluation_adapts_a_copy_and_is_plain_at_step_size_zero():
