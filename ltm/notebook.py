@@ -54,7 +54,10 @@ def run_notebook(source: str | Path, output: str | Path, parameters: dict | None
         papermill.execute_notebook(
             str(unexecuted), str(output), parameters=parameters or {}, kernel_name=KERNEL_NAME,
             language="python",
-            cwd=str(cwd), log_output=log_output, progress_bar=False)
+            cwd=str(cwd), log_output=log_output, progress_bar=False,
+            # the kernel's own start-up warnings (the TCP transport's, at every stage) are
+            # Jupyter's business, not the stage's output; errors still show
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])
 
 
 def _one_line(err: papermill.PapermillExecutionError) -> str:
@@ -130,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     except papermill.PapermillExecutionError as err:
         print(f"ltm: {args.source} failed: {_one_line(err)}", file=sys.stderr)
         return 1
-    keep_last_run([value for _, value in args.p])
+    # the executed notebook too: DVC removes it with the rest, and it is in dvc.lock
+    keep_last_run([value for _, value in args.p] + [args.output])
     return 0
 
 

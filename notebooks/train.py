@@ -15,6 +15,7 @@ plot_path = None
 samples_path = None
 prior_metrics_path = None
 study_metrics_path = None
+summary_path = None
 
 # %%
 # %matplotlib inline
@@ -33,8 +34,11 @@ from ltm.stages.train import train_stage
 paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
                     plot_path=plot_path, samples_path=samples_path)
 samples_path = paths.pop("samples_path")
-result = train_stage(params_path, **paths)
-pd.Series(result.metrics, name="value").to_frame()
+# a summary line per trained model rather than progress bars, which a stored notebook keeps
+# every update of
+result = train_stage(params_path, **paths, progress=False)
+headline = {k: v for k, v in result.metrics.items() if not isinstance(v, (dict, list))}
+pd.Series(headline, name="value").to_frame()
 
 # %%
 loss_figure(pd.DataFrame(result.history))
@@ -101,3 +105,16 @@ study_table(study)
 
 # %%
 bound_figure(study);
+
+# %% [markdown]
+# ## The stage's headline metrics
+# What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/train.json); every number
+# above is in the results files (reports/results/).
+
+# %%
+from ltm.stages.summary import train_summary, write_summary
+
+summary_paths = stage_paths("train", summary_path=summary_path)
+summary = write_summary(summary_paths["summary_path"],
+                        train_summary(result.metrics, prior_metrics, study))
+pd.json_normalize(summary, sep=".").T.rename(columns={0: "value"})

@@ -131,11 +131,17 @@ def test_a_failed_stage_leaves_the_last_runs_metrics_restorable(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nb.py").write_text(WRITER)
     assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json"]) == 0
-    # what DVC does before it runs the stage again, then the run fails
+    executed = (tmp_path / "out.ipynb").read_bytes()
+    # what DVC does before it runs the stage again (the executed notebook is an output too),
+    # then the run fails
     (tmp_path / "reports" / "metrics" / "m.json").unlink()
+    (tmp_path / "out.ipynb").unlink()
     assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json",
                  "-p", "fail", "yes"]) == 1
     assert not (tmp_path / "reports" / "metrics" / "m.json").exists()
+    assert (tmp_path / "out.ipynb").is_file()  # the failed run's, with its traceback
     assert main(["--restore-last-run"]) == 0
     assert (tmp_path / "reports" / "metrics" / "m.json").read_text() == '{"val_loss": 1.5}'
-    assert "restored 1 files" in capsys.readouterr().out
+    # byte for byte the successful run's notebook, so its hash in dvc.lock matches again
+    assert (tmp_path / "out.ipynb").read_bytes() == executed
+    assert "restored 2 files" in capsys.readouterr().out

@@ -19,8 +19,8 @@ def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def latent_line(metrics_dir: Path) -> str:
-    study = _json(metrics_dir / "study.json")
+def latent_line(results_dir: Path) -> str:
+    study = _json(results_dir / "study.json")
     if not study or not study.get("enabled"):
         return "Latent thoughts: no study in this run (study.enabled, or the train stage did not run)."
     lines = [line for line in study.get("verdict") or []
@@ -28,8 +28,8 @@ def latent_line(metrics_dir: Path) -> str:
     return "Latent thoughts (this run's study, suffix NLL, paired): " + "; ".join(lines) + "."
 
 
-def switches_line(metrics_dir: Path) -> str:
-    ablate = _json(metrics_dir / "ablate.json")
+def switches_line(results_dir: Path) -> str:
+    ablate = _json(results_dir / "ablate.json")
     if not ablate:
         return "Speed switches: the ablate stage wrote no verdicts."
     rows = {k: v for k, v in ablate.items() if isinstance(v, dict) and "verdict" in v
@@ -71,7 +71,7 @@ def changed_line(summary: pd.DataFrame) -> str:
         f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows()) + ".")
 
 
-def headline(metrics_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:
+def headline(results_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:
     """The first screen's four lines."""
-    return [latent_line(Path(metrics_dir)), switches_line(Path(metrics_dir)),
+    return [latent_line(Path(results_dir)), switches_line(Path(results_dir)),
             kernels_line(Path(bench_records)), changed_line(summary)]

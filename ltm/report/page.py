@@ -45,12 +45,12 @@ def _flat_table(metrics: dict) -> pd.DataFrame:
     return flat.rename_axis("metric").reset_index()
 
 
-def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section:
+def study_section(results_dir: Path, records_dir: Path | None = None) -> Section:
     """The report's first section: the latent study's verdict, its table, what the encoder buys
     and the bound by inference steps; then the study and the latent step's cost recorded on a
     GPU (records_dir: JSON with `study` and `speed`, see records/gpu/study)."""
     title = "Do latent thoughts carry information? The verdict"
-    path = Path(metrics_dir) / "study.json"
+    path = Path(results_dir) / "study.json"
     study = json.loads(path.read_text()) if path.is_file() else None
     recorded = [] if records_dir is None or not Path(records_dir).is_dir() else \
         read_records(records_dir, "speed", "GPU study")
@@ -117,15 +117,15 @@ def settings_section(params_path: Path, env: dict) -> Section:
     return Section("Run settings", tables, [], note, folded=True)
 
 
-def data_section(metrics_dir: Path) -> Section:
-    metrics = _read_json(metrics_dir / "tokenize.json")
+def data_section(results_dir: Path) -> Section:
+    metrics = _read_json(results_dir / "tokenize.json")
     if metrics is None:
         return _missing("Data", "tokenize")
     return Section("Data", [_flat_table(metrics)], [], "The token cache this run trained on.",
                    folded=True)
 
 
-# the training metrics a reader looks at first; the full file is in reports/metrics/train.json
+# the training metrics a reader looks at first; the full file is in reports/results/train.json
 TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "seq_len",
               "train_loss_last10", "val_loss", "val_loss_noise", "tokens_per_s", "tokens_per_s_noise",
               "mfu", "peak_memory_mib", "seconds", "device", "torch",
@@ -133,8 +133,8 @@ TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "s
               "optimizer", "target_loss", "time_to_target_s", "tokens_to_target")
 
 
-def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
-    metrics = _read_json(metrics_dir / "train.json")
+def train_section(results_dir: Path, plots_dir: Path) -> Section:
+    metrics = _read_json(results_dir / "train.json")
     if metrics is None:
         return _missing("Training", "train")
     # the train stage writes each split to a file of its own (rows: step, seconds, loss)
@@ -180,14 +180,14 @@ def gpu_latent_tables(gpu_dir: Path | None) -> list[pd.DataFrame]:
     return tables
 
 
-def latent_section(metrics_dir: Path, plots_dir: Path | None = None,
+def latent_section(results_dir: Path, plots_dir: Path | None = None,
                    gpu_dir: Path | None = None) -> Section:
     """The latent model against the plain ones (the train stage's comparison, ltm.train.counterpart):
     its bound and prefix NLL by inference steps, the table at equal tokens and FLOPs and, with
     plots_dir/compare_loss.csv, every model's validation loss against tokens and FLOPs; then the
     same recorded on GPUs (gpu_dir)."""
     title = "Latent thoughts"
-    metrics = _read_json(metrics_dir / "train.json") or {}
+    metrics = _read_json(results_dir / "train.json") or {}
     # the latent model's curves: train.json's latent_model (with counterparts), else the
     # configured model's own (a latent model trained alone)
     latent = metrics.get("latent_model") or (metrics if metrics.get("val_nelbo_by_steps") else None)
@@ -230,13 +230,13 @@ PRIOR_TABLE = {"source": "source", "sampler": "sampler", "evaluations": "evaluat
                "gen_nll_noise": "gen. NLL noise", "token_entropy": "token entropy (nats)"}
 
 
-def prior_section(metrics_dir: Path, plots_dir: Path) -> Section:
+def prior_section(results_dir: Path, plots_dir: Path) -> Section:
     """The learned prior over latent thoughts (ltm.latent.prior; trained by the train stage, measured
     by the benchmark stage): steps against quality, beside N(0, I) and the plain LM."""
     title = "A learned prior over latent thoughts"
     table = _read_csv(plots_dir / "prior.csv")
-    metrics = _read_json(metrics_dir / "prior.json") or {}
-    trained = _read_json(metrics_dir / "prior_train.json") or {}
+    metrics = _read_json(results_dir / "prior.json") or {}
+    trained = _read_json(results_dir / "prior_train.json") or {}
     if table is None or table.empty:
         why = metrics.get("skipped") or trained.get("skipped") or "the benchmark stage measured none"
         return Section(title, [], [], f"No prior results: {why}.")
