@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 
 # one colour per implementation (and per split) in every figure, so a colour means one thing
@@ -139,7 +140,7 @@ def benchmark_figures(table: pd.DataFrame) -> list[Figure]:
         rows = rows[rows["speedup"].notna()]
         if rows.empty:
             continue
-        fig = Figure(figsize=(7, 0.45 * rows["case"].nunique() + 1.6), layout="constrained")
+        fig = Figure(figsize=(5.6, 0.45 * rows["case"].nunique() + 1.6), layout="constrained")
         ax = fig.subplots()
         for impl, part in rows.groupby("impl", sort=False):
             ax.plot(part["speedup"], part["case"].astype(str), "o", color=_color(impl), label=impl,
@@ -267,6 +268,9 @@ def time_to_loss_figure(curves: dict[str, list[dict]], target: float | None = No
             ax.axhline(target, color="black", linestyle="--", linewidth=0.8)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    # token counts in engineering units (400k, 1.2M): plain integers ran together on the axis
+    axes[1].xaxis.set_major_formatter(EngFormatter(sep=""))
+    axes[1].xaxis.set_major_locator(MaxNLocator(5))
     axes[0].set_ylabel("validation loss (nats per token)")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper")
     fig.suptitle("time to target: validation loss against time and tokens")

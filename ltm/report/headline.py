@@ -59,16 +59,18 @@ def kernels_line(bench_records: Path) -> str:
 
 
 def changed_line(summary: pd.DataFrame) -> str:
+    """What moved beyond its noise against the last commit and against each `dvc exp` run."""
     if summary.empty:
         return "What changed: nothing to compare (no earlier metrics)."
-    last = summary[summary["compared with"] == "last commit"]
-    moved = last[last["verdict"].astype(str).str.contains("better|worse", case=False)]
-    if last.empty:
-        return "What changed: the last commit has no metrics to compare with."
-    if moved.empty:
-        return f"What changed since the last commit: none of {len(last)} headline metrics beyond their noise."
-    return ("What changed since the last commit: " + "; ".join(
-        f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows()) + ".")
+    parts = []
+    for other, rows in summary.groupby("compared with", sort=False):
+        moved = rows[rows["verdict"].astype(str).str.contains("better|worse", case=False)]
+        parts.append(f"against {other}: " + ("; ".join(f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows())
+                                             if not moved.empty else
+                                             f"none of {len(rows)} headline metrics beyond their noise"))
+    if not any(p.startswith("against last commit") for p in parts):
+        parts.insert(0, "the last commit has no metrics to compare with")
+    return "What changed: " + "; ".join(parts) + "."
 
 
 def headline(results_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:

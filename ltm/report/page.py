@@ -23,6 +23,7 @@ from ltm.report.figures import (ablate_figure, benchmark_figures, kernel_grid_fi
                          latent_figure, loss_figure, prior_figure, time_to_loss_figure)
 from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
+from ltm.report.render import human
 from ltm.report.gpu import Section
 from ltm.report.study import bound_figure, encoder_table, study_table
 
@@ -241,8 +242,7 @@ def prior_section(results_dir: Path, plots_dir: Path) -> Section:
         why = metrics.get("skipped") or trained.get("skipped") or "the benchmark stage measured none"
         return Section(title, [], [], f"No prior results: {why}.")
     shown = table[[c for c in PRIOR_TABLE if c in table]].rename(columns=PRIOR_TABLE)
-    headline = {k: v for k, v in metrics.items() if k != "by_source"}
-    tables = [shown, pd.DataFrame({"metric": list(headline), "value": [str(v) for v in headline.values()]})]
+    tables = [shown] + prior_answer_tables(metrics)
     note = (f"A DiT denoiser over z ({trained.get('params', '?')} weights, {trained.get('steps', '?')} "
             f"steps) trained on posterior samples of {trained.get('train_sequences', '?')} training "
             f"sequences, fitted by the latent model's own inner loop "
@@ -259,7 +259,27 @@ def prior_section(results_dir: Path, plots_dir: Path) -> Section:
             "entropy: of each sequence's token frequencies (low = repetition). N(mean, std) fit: "
             "the training posteriors' per-dimension Gaussian, what the prior's normalisation alone "
             "gives; the denoiser earns only its lead over that row.")
+    if "fewest_dpm_evaluations_matching_ddpm" in metrics:
+        note += (f" Answers: DPM-Solver++ matches the 1000-step DDPM from "
+                 f"{metrics['fewest_dpm_evaluations_matching_ddpm']} evaluations "
+                 f"({human(metrics.get('fewer_evaluations_x'))}x fewer); the prior's MMD^2 is "
+                 f"{human(metrics.get('prior_mmd2_over_best_gaussian'))} times the best Gaussian's "
+                 f"({metrics.get('best_gaussian', '?')}).")
     return Section(title, tables, [prior_figure(table)], note)
+
+
+def prior_answer_tables(metrics: dict) -> list[pd.DataFrame]:
+    """The prior benchmark's answers as two small tables: DPM-Solver++ at each number of
+    evaluations against the 1000-step DDPM (ratios), and the pairwise verdicts per distance."""
+    ratios = [{"DPM-Solver++ evaluations": int(key[3:-len("_mmd2_ratio_to_ddpm")]),
+               "MMD^2 / DDPM's": value,
+               "gen. perplexity / DDPM's": metrics.get(key.replace("mmd2", "gen_ppl"))}
+              for key, value in metrics.items() if key.startswith("dpm") and key.endswith("_mmd2_ratio_to_ddpm")]
+    verdicts = metrics.get("verdicts") or {}
+    pairs = sorted({pair for by_pair in verdicts.values() for pair in by_pair})
+    verdict_rows = [{"comparison": pair, **{name: verdicts[name].get(pair, "") for name in verdicts}}
+                    for pair in pairs]
+    return [pd.DataFrame(rows) for rows in (ratios, verdict_rows) if rows]
 
 
 def ablate_section(plots_dir: Path) -> Section:

@@ -76,6 +76,6 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     assert page.count("data:image/png;base64,") == 2  # the loss curves and the ablation
     # the first screen: the headline box, then the contents; no index column in any table
     assert page.index("class=headline") < page.index("<nav>") < page.index("<h2")
-    assert "Latent thoughts: no study in this run" in page and "What changed since" in page
+    assert "Latent thoughts: no study in this run" in page and "What changed: against last commit" in page
     assert '<th></th>' not in page and "train.lr 0.003 -&gt; 0.002" in page
     assert "the benchmark stage has not written its metrics" in page
