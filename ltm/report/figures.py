@@ -117,7 +117,7 @@ def profile_figure(profile: pd.DataFrame) -> Figure:
     wide = profile.pivot_table(index="config", columns="group", values="ms", sort=False,
                                aggfunc="sum")
     wide = wide.loc[:, (wide > 0).any()]
-    fig = Figure(figsize=(10, 0.6 * len(wide) + 2.2), layout="constrained")
+    fig = Figure(figsize=(7.5, 0.6 * len(wide) + 2.2), layout="constrained")
     ax = fig.subplots()
     left = pd.Series(0.0, index=wide.index)
     palette = sns.color_palette("tab20", len(wide.columns))

@@ -20,7 +20,8 @@ import torch
 from ltm.report import compare
 from ltm.bench.kernel_grid import grid_summary
 from ltm.report.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
-                         latent_figure, loss_figure, prior_figure, time_to_loss_figure)
+                         latent_figure, loss_figure, prior_figure, profile_figure,
+                         time_to_loss_figure)
 from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
 from ltm.report.render import human
@@ -282,14 +283,23 @@ def prior_answer_tables(metrics: dict) -> list[pd.DataFrame]:
     return [pd.DataFrame(rows) for rows in (ratios, verdict_rows) if rows]
 
 
-def ablate_section(plots_dir: Path) -> Section:
+def ablate_section(plots_dir: Path, results_dir: Path | None = None) -> Section:
+    """The verdict of each change and, from the ablate stage's results, where a training step's
+    time goes (the baseline's and the final configuration's profile by operation group)."""
     table = _read_csv(plots_dir / "ablate.csv")
     if table is None:
         return _missing("Ablation verdicts", "ablate")
     note = ("Each change against the baseline on the same validation batches; see the ablate "
             "stage's notebook for the protocol; reports/plots/ablate.csv holds every column.")
     shown = [c for c in ABLATE_COLUMNS if c in table]
-    return Section("Ablation verdicts", [table[shown]], [ablate_figure(table)], note)
+    figures = [ablate_figure(table)]
+    results = _read_json(Path(results_dir) / "ablate.json") if results_dir else None
+    profile = pd.DataFrame([{"config": config, "group": group, "ms": ms}
+                            for config, groups in ((results or {}).get("profile") or {}).items()
+                            for group, ms in groups.items()])
+    if not profile.empty:
+        figures.append(profile_figure(profile))
+    return Section("Ablation verdicts", [table[shown]], figures, note)
 
 
 # the ablate table's columns on the page

@@ -44,7 +44,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 settings_section(Path(params_path), env),
                 data_section(results), train_section(results, plots_dir),
                 latent_section(results, plots_dir, Path(gpu_records)),
-                prior_section(results, plots_dir), ablate_section(plots_dir),
+                prior_section(results, plots_dir), ablate_section(plots_dir, results),
                 benchmark_section(plots_dir),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
