@@ -34,6 +34,26 @@ def test_runs_percent_notebook_with_parameters(tmp_path, monkeypatch):
     assert "abab\n" in printed
 
 
+PRINTS_AND_SHOWS = """# %%
+import sys
+import pandas as pd
+print("a line for the terminal")
+print("a warning for the terminal", file=sys.stderr)
+pd.DataFrame({"shown_only_in_the_notebook": [1, 2]})
+"""
+
+
+def test_printed_lines_reach_the_terminal_and_displayed_tables_do_not(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nb.py").write_text(PRINTS_AND_SHOWS)
+    assert main(["nb.py", "nb.ipynb"]) == 0
+    out, err = capfd.readouterr()  # file descriptors: the kernel process writes to them too
+    assert "a line for the terminal" in out and "a warning for the terminal" in err
+    assert "shown_only_in_the_notebook" not in out + err
+    assert "without encryption" not in out + err  # the kernel's start-up warning
+    assert "shown_only_in_the_notebook" in (tmp_path / "nb.ipynb").read_text()
+
+
 def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.py").write_text(FAILING)

@@ -107,7 +107,7 @@ def test_a_stage_notebook_runs_from_the_notebooks_folder_as_in_jupyterlab(workbo
     clone, _ = workbook
     page = tmp_path / "report.html"
     run_notebook(clone / "notebooks" / "report.py", tmp_path / "report.ipynb", {"output": str(page)},
-                 cwd=clone / "notebooks", log_output=False)
+                 cwd=clone / "notebooks", echo=False)
     assert page.read_text().count("data:image/png;base64,") >= 3
 
 
