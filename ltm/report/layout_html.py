@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
 VOID = {"img", "meta", "br", "hr", "input", "link", "source", "wbr"}
+# a block that starts inside an open <p> closes it first, as a browser's parser does
+CLOSES_P = {"p", "div", "ul", "ol", "table", "details", "nav", "pre", "h1", "h2", "h3", "h4"}
 
 
 @dataclass
@@ -36,6 +38,8 @@ class _TreeBuilder(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         node = Node(tag, {k: v or "" for k, v in attrs})
+        if tag in CLOSES_P and self.stack[-1].tag == "p":
+            self.stack.pop()
         self.stack[-1].children.append(node)
         if tag not in VOID:
             self.stack.append(node)
