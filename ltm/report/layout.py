@@ -3,7 +3,7 @@ height (from each figure's intrinsic size and each table's rows), its widest ele
 headline box sits, and which figures are shrunk so much that their text cannot be read. Where
 Chromium is installed, `measure_in_chromium` gives the browser's own numbers.
 
-    python -m ltm.report.layout reports/report.html [--window 1440]
+    python -m ltm.report.layout reports/report.html [--window 1440] [--no-browser]
 
 The estimate follows the browser's rules for this page's simple structure (blocks one under the
 other, images inline, tables in auto layout, a closed <details> shows its summary only) with the
@@ -25,17 +25,21 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ltm.report.layout_html import Node, classes, css_rules, lengths, matches, parse, selector_part_matches
+from ltm.report.layout_html import (Node, classes, css_rules, lengths, matches, parse,
+                                    selector_part_matches)
 from ltm.report.layout_text import line_height, text_lines, text_width
 
-WINDOW = 1440  # the window the issue's targets are set for
-SCREEN = 900  # the first screen: the headline must end within it
+WINDOW = 1440  # the window the page's targets are set for
+SCREEN = 900  # the first screen: the headline box must end within it
 MAX_HEIGHT = 12_000
 MIN_TEXT_PX = 9.0
-# "Unreadable" means text at matplotlib's default size (10 pt; tick and axis labels are at least
-# that, 11-12 pt under the report's seaborn theme) shows under MIN_TEXT_PX: then no text of the
-# figure is legible. SMALLEST_FONT_PT is the smallest text ltm/report/figures.py draws (legends,
-# bar annotations): below MIN_TEXT_PX there, some of it is hard to read.
+# Legibility. A figure is a PNG drawn at `dpi`; the browser shows one image pixel per CSS pixel,
+# shrunk to the column when wider (scale = shown width / own width). Text of f points is f * dpi
+# / 72 image pixels, so f * dpi / 72 * scale on screen. "Unreadable": 10-pt text (matplotlib's
+# default size; the figures' tick and axis labels are never smaller, 11 pt under the report's
+# seaborn theme) under MIN_TEXT_PX, i.e. shrunk by more than dpi * 10 / 72 / 9 (1.70x at 110
+# dpi): then none of the figure's text can be read. "Small text": the same for the 7 pt of the
+# legends and annotations of ltm/report/figures.py, the smallest it draws (1.19x at 110 dpi).
 DEFAULT_FONT_PT = 10.0
 SMALLEST_FONT_PT = 7.0
 BASE_FONT_PX = 16.0
@@ -161,8 +165,10 @@ class _Layouter:
         self.rules = css_rules(style)
         self.default_dpi = default_dpi
         self.figures: list[FigureSize] = []
-        self.images_fit = any(selector_part_matches(s.split()[-1], Node("img", {})) and d.get("max-width") == "100%"
-                              for s, d in self.rules if s.split())
+        # `img{max-width:100%}`: a figure wider than the column is shown at the column's width
+        img = Node("img", {})
+        self.images_fit = any(selector_part_matches(s.split()[-1], img)
+                              and d.get("max-width") == "100%" for s, d in self.rules if s.split())
 
     def style(self, node: Node, ancestors: list[Node]) -> dict[str, str]:
         merged: dict[str, str] = {}
@@ -295,11 +301,14 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 _PROBE = """<script>window.addEventListener("load", function () {
   var root = document.documentElement, box = document.querySelector(".headline");
   var rect = box ? box.getBoundingClientRect() : null;
-  var tops = Array.from(document.body.children).filter(function (e) { return e.tagName != "SCRIPT"; })
-    .map(function (e) { var r = e.getBoundingClientRect(); return [e.tagName, r.top + scrollY, r.height, e.scrollWidth]; });
-  root.setAttribute("data-layout", JSON.stringify({height: root.scrollHeight, width: root.scrollWidth,
-    client_width: root.clientWidth, headline: rect && [rect.top + scrollY, rect.bottom + scrollY],
-    elements: tops}));
+  var tops = Array.from(document.body.children)
+    .filter(function (e) { return e.tagName != "SCRIPT"; })
+    .map(function (e) {
+      var r = e.getBoundingClientRect();
+      return [e.tagName, r.top + scrollY, r.height, e.scrollWidth]; });
+  root.setAttribute("data-layout", JSON.stringify({
+    height: root.scrollHeight, width: root.scrollWidth, client_width: root.clientWidth,
+    headline: rect && [rect.top + scrollY, rect.bottom + scrollY], elements: tops}));
 });</script>"""
 
 
