@@ -58,9 +58,14 @@ def png_size(src: str) -> tuple[int, int, float | None]:
 
 
 def content_width(style: str, window: int = WINDOW) -> float:
-    """The body's width: its CSS max-width where the window is wider (margins `auto`)."""
-    found = re.search(r"body\s*\{[^}]*max-width:\s*([\d.]+)px", style)
-    return min(float(found.group(1)), window) if found else window - 16.0
+    """The body's width in a `window`-px window: the window less the body's side margins (8px
+    each by default, `auto` none), at most its CSS max-width."""
+    declared = {k: v for selector, d in css_rules(style) if selector == "body"
+                for k, v in d.items()}
+    margin = lengths(declared.get("margin"), BASE_FONT_PX) or [8.0]
+    side = margin[1] if len(margin) > 1 else margin[0]
+    widest = (lengths(declared.get("max-width"), BASE_FONT_PX) or [float(window)])[0]
+    return min(widest, window - 2 * side)
 
 
 @dataclass

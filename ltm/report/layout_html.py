@@ -99,12 +99,14 @@ def matches(selector: str, node: Node, ancestors: list[Node]) -> bool:
 
 
 def lengths(value: str | None, font: float) -> list[float]:
-    """A CSS length list (`0.2em 1em`, `2px solid #000`) in px; `auto` and words count 0."""
+    """A CSS length list (`0.2em 1em`, `2px solid #000`) in px, em and rem taken as `font` (the
+    report sets no font size on its root); `auto` counts 0, other words are left out."""
     out = []
     for item in (value or "").split():
         number = re.match(r"^(-?[\d.]+)(em|px)?$", item)
         if number:
-            out.append(float(number.group(1)) * (font if number.group(2) == "em" else 1.0))
+            unit = number.group(2) or "px"
+            out.append(float(number.group(1)) * (font if unit.endswith("em") else 1.0))
         elif item == "auto":
             out.append(0.0)
     return out

@@ -13,8 +13,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from ltm.report.gpu import Section
-from ltm.report.layout import (MAX_HEIGHT, MIN_TEXT_PX, SCREEN, FigureSize, browser, estimate,
-                               main, measure_in_chromium, png_size)
+from ltm.report.layout import (MAX_HEIGHT, MIN_TEXT_PX, SCREEN, FigureSize, browser,
+                               content_width, estimate, main, measure_in_chromium, png_size)
 from ltm.report.render import render_html
 
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "report.html"
@@ -160,3 +160,10 @@ def test_the_built_report_meets_the_targets():
         if measured["width"] > measured["client_width"]:
             misses.append(f"Chromium: {measured['width']:,} px wide, scrolls sideways")
     assert not misses, "reports/report.html: " + "; ".join(misses)
+
+
+def test_the_column_follows_the_pages_css():
+    assert content_width("body{max-width:1100px;margin:2em auto}") == 1100
+    assert content_width("body{max-width:1400px;margin:2em auto}", 1280) == 1280
+    assert content_width("body{margin:0 2em}") == 1440 - 64
+    assert content_width("") == 1440 - 16  # the browser's 8-px default margin
