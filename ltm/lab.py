@@ -12,6 +12,7 @@ the metadata filter drops `language_info` again on save.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
@@ -44,7 +45,7 @@ def kernel_metadata(kernel_name: str = KERNEL_NAME) -> dict[str, Any]:
     return {"kernelspec": {"name": kernel_name, "display_name": spec.display_name,
                            "language": spec.language},
             # ipykernel's own answer to kernel_info, so the two cannot drift apart
-            "language_info": dict(IPythonKernel.language_info)}
+            "language_info": copy.deepcopy(IPythonKernel.language_info)}
 
 
 def complete_metadata(metadata: dict[str, Any], kernel: dict[str, Any]) -> bool:
@@ -54,12 +55,12 @@ def complete_metadata(metadata: dict[str, Any], kernel: dict[str, Any]) -> bool:
         return False
     spec = metadata.get("kernelspec")
     if spec is None:
-        metadata["kernelspec"] = dict(kernel["kernelspec"])
+        metadata["kernelspec"] = copy.deepcopy(kernel["kernelspec"])
     elif spec.get("name") != kernel["kernelspec"]["name"]:
         return False  # another kernel chosen on purpose: its language_info is its own
     if "language_info" in metadata:
         return spec is None
-    metadata["language_info"] = dict(kernel["language_info"])
+    metadata["language_info"] = copy.deepcopy(kernel["language_info"])
     return True
 
 
@@ -74,7 +75,6 @@ class NotebookContentsManager(JupytextContentsManager):
                   format: str | None = None, **kwargs: Any) -> dict[str, Any]:
         model = await super().get(path, content=content, type=type, format=format, **kwargs)
         if content and model.get("type") == "notebook" and model.get("content") is not None:
-            if not hasattr(self, "_kernel_metadata"):
-                self._kernel_metadata = kernel_metadata()
-            complete_metadata(model["content"]["metadata"], self._kernel_metadata)
+            # looked up on every read: `make` may install the kernel while the server runs
+            complete_metadata(model["content"]["metadata"], kernel_metadata())
         return model
