@@ -230,8 +230,14 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
                        + grid["H"].astype(str) + "," + grid["D"].astype(str))
     panels = list(grid.groupby(["op", "pass"], sort=False))
     n_shapes = grid["shape"].nunique()
-    fig = Figure(figsize=(5 * max(1, len(panels)), 0.3 * n_shapes + 1.8), layout="constrained")
-    axes = fig.subplots(1, max(1, len(panels)), sharey=True, squeeze=False)[0]
+    # at most three panels a row: six side by side drew 3,300 px, its text unreadable on the page
+    cols = min(3, max(1, len(panels)))
+    rows_of_panels = -(-max(1, len(panels)) // cols)
+    fig = Figure(figsize=(4.2 * cols + 1.5, rows_of_panels * (0.25 * n_shapes + 1.4)),
+                 layout="constrained")
+    axes = fig.subplots(rows_of_panels, cols, sharey=True, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     for ax, ((op, pass_), rows) in zip(axes, panels):
         for impl, column in (("triton", "ours_x_floor"), ("fla", "fla_x_floor")):
             part = rows[rows[column].notna()] if column in rows else rows.iloc[:0]
@@ -246,7 +252,8 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
         ax.set_xlabel("time / floor (x, lower is better)")
         ax.set_title(f"{op} {pass_}")
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_ylabel("B,T,H,D")
+    for ax in axes[::cols]:
+        ax.set_ylabel("B,T,H,D")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper")
