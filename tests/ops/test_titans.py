@@ -213,11 +213,14 @@ def test_fla_without_fla_is_one_line():
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla is not installed")
 def test_fla_matches_the_linear_memory_with_chunk_size_one():
     """fla's chunk_momentum_delta_rule computes the linear memory with exact per-token gradients
-    (chunk_size 1); in bfloat16 it is within bf16 rounding of the float64 token loop. Other
+    (chunk_size 1); in bfloat16 it is within bf16 rounding of the float64 token loop for gates
+    like the mixer's (eta near 0.9, small alpha). Its chunked form divides cumulative products in
+    float32 log space: with eta down to 0.05 it drifted up to 1e-1 off the token loop (fla-core
+    0.6.0 on CPU, float32, T = 70), so the gates here stay in its well-conditioned range. Other
     settings are refused in one line."""
     seed = case_seed()
     x, weights = make_inputs(2, 37, 3, 16, 16, 1, seed)
-    x["alpha"], x["eta"] = x["alpha"].clamp_max(0.5), x["eta"].clamp_min(0.05)
+    x["alpha"], x["eta"] = 0.05 * x["alpha"], 0.8 + 0.19 * x["eta"]
     o_ref, s_ref = naive_titans_memory(*x.values(), weights, chunk_size=1, output_final_state=True)
     half = [x[n].to(torch.bfloat16) for n in NAMES]
     o, state = titans_memory(*half, weights, kernel="fla", chunk_size=1, output_final_state=True)

@@ -37,7 +37,11 @@ Implementations: `naive_titans_memory` (naive.py, autograd per token), `chunk_ti
             log_alpha = log(1 - alpha), log_mu = log(eta) (both clamped to >= log(1e-6): fla
             takes logs), its eta = theta, beta = 1, p = k, scale 1, no l2-norm inside. In 0.6.0
             that function is a PyTorch reference wrapped in autograd (no Triton kernel), so it is
-            a check of the mapping more than a fast path.
+            a check of the mapping more than a fast path. Its chunked form works with ratios of
+            cumulative products in float32 log space: with gates like the mixer's (eta in
+            [0.8, 1), alpha < 0.05) it was 1e-4 (float32) and 1e-2 (bfloat16) off the token loop,
+            T = 150 (CPU, fla-core 0.6.0); with eta down to 0.05, up to 1e-1 (float32, T = 70),
+            while its token-loop reference stayed at 1e-7: the same function, poorer numerics.
 """
 from __future__ import annotations
 
