@@ -1,0 +1,102 @@
+"""The Titans token mixer: a neural long-term memory (ltm/ops/titans) beside sliding-window
+attention, in one of two arrangements (Behrouz et al., 2024):
+
+    mag   memory as a gate: y = g * attention(x) + (1 - g) * memory(x), g = sigmoid(W_g x) per
+          channel (output mixing: both branches read x in parallel)
+    mal   memory as a layer: m = memory(x); y = m + attention(x + m) (the memory's output enters
+          the attention's input as a residual, so attention still sees x while m is small)
+
+The memory branch: q, k, v projected per head (q and k L2-normalised, so the associative loss has
+keys of unit norm), per token and head theta = sigmoid(.) (step size, starts near 0.1),
+alpha = sigmoid(.) (forgetting, starts near 0.01) and eta = sigmoid(.) (momentum, starts near 0.9);
+the read o = M(q) per head, RMS-normalised, then an output projection. The memory's initial
+weights are parameters: the MLP's first layers start random (a zero MLP has zero gradients) and its
+last layer, like the linear memory, starts at zero, so M reads zero before it has learned anything.
+
+Generation state: {"memory": TitansState, "attn": the attention's KV cache}. With model.kernel
+torch the memory runs in chunks (its mini-batch is model.titans_chunk_size, part of the function);
+naive is the token loop; fla only for the linear memory with titans_chunk_size 1 and no clipping.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ltm.model.config import ModelConfig
+from ltm.model.mixers import Attention, state_dtype
+from ltm.ops.titans import init_titans_state, titans_memory, titans_memory_one_token
+
+# initial values of the sigmoid gates: small steps, little forgetting, strong momentum
+THETA_INIT, ALPHA_INIT, ETA_INIT = 0.1, 0.01, 0.9
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+class Titans(nn.Module):
+    """The Titans mixer (MAG or MAL); see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, H, D = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.n_heads, self.head_dim, self.norm_eps = H, D, cfg.norm_eps
+        self.kernel, self.chunk_size = cfg.kernel, cfg.titans_chunk_size
+        self.grad_clip, self.arrangement = cfg.titans_grad_clip, cfg.titans_arrangement
+        self.attn = Attention(dataclasses.replace(cfg, mixer="attention", window=cfg.titans_window))
+        self.qkv = nn.Linear(C, 3 * C, bias=False)
+        # theta, alpha, eta (H columns each) and, for mag, the C columns of the output gate
+        self.gate_widths = [3 * H, C if self.arrangement == "mag" else 0]
+        self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
+        inits = (THETA_INIT, ALPHA_INIT, ETA_INIT)
+        self.gate_bias = nn.Parameter(torch.tensor(inits).repeat_interleave(H).apply_(_logit))
+        dims = [D] + [cfg.titans_expansion * D] * (cfg.titans_depth - 1) + [D]
+        self.memory = nn.ParameterList(
+            nn.Parameter(torch.randn(H, d_in, d_out) * d_in ** -0.5 if layer < len(dims) - 2
+                         else torch.zeros(H, d_in, d_out))
+            for layer, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])))
+        self.norm_weight = nn.Parameter(torch.ones(D))
+        self.out_proj = nn.Linear(C, C, bias=False)
+
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+        weights = [w.to(device) for w in self.memory]
+        return {"memory": init_titans_state(weights, batch, state_dtype(dtype)),
+                "attn": self.attn.init_state(batch, device, dtype)}
+
+    def _memory(self, x: torch.Tensor, gates: torch.Tensor, state):
+        """The memory branch: its output (B, T, C) before the gate, and its new state."""
+        B, T, C = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        # (B, T, H) each
+        theta, alpha, eta = torch.sigmoid(gates + self.gate_bias).view(B, T, 3, H).unbind(2)
+        weights = list(self.memory)
+        options = dict(kernel=self.kernel, chunk_size=self.chunk_size, grad_clip=self.grad_clip)
+        if state is not None and T == 1:
+            o, state = titans_memory_one_token(q[:, 0], k[:, 0], v[:, 0], theta[:, 0],
+                                               alpha[:, 0], eta[:, 0], weights, state, **options)
+            o = o[:, None]
+        else:
+            o, state = titans_memory(q, k, v, theta, alpha, eta, weights, initial_state=state,
+                                     output_final_state=state is not None, **options)
+        # (B, T, H, D); the norm's weight in o's dtype keeps bf16 on torch's fused kernel
+        o = F.rms_norm(o, (D,), self.norm_weight.to(o.dtype), self.norm_eps)
+        return self.out_proj(o.reshape(B, T, C)), state
+
+    def forward(self, x: torch.Tensor, state: dict | None = None):
+        params, mix = self.gate_proj(x).split(self.gate_widths, dim=-1)
+        memory, memory_state = self._memory(x, params, None if state is None else state["memory"])
+        attn_state = None if state is None else state["attn"]
+        if self.arrangement == "mag":
+            attended, attn_state = self.attn(x, attn_state)
+            gate = torch.sigmoid(mix)
+            y = gate * attended + (1 - gate) * memory
+        else:
+            attended, attn_state = self.attn(x + memory, attn_state)
+            y = memory + attended
+        return y, (None if state is None else {"memory": memory_state, "attn": attn_state})
