@@ -244,6 +244,32 @@ def test_dtypes_of_outputs_and_states():
     assert init_titans_state([w.double() for w in weights], 2).weights[0].dtype == torch.float64
 
 
+@pytest.mark.parametrize("form", [naive_titans_memory, chunk_titans_memory, "step"],
+                         ids=["naive", "chunk", "step"])
+def test_bf16_autocast_keeps_the_memory_in_float32(form):
+    """Under bf16 autocast (CPU here) the forms still compute in float32: the state matches the
+    float32 run without autocast to float32 rounding, not bf16's."""
+    seed = case_seed()
+    x, weights = make_inputs(1, 9, 2, 8, 8, 2, seed, dtype=torch.float32)
+    results = []
+    for enabled in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            if form == "step":
+                state = None
+                for t in range(9):
+                    o, state = titans_memory_step(*(x[n][:, t] for n in NAMES), weights, state,
+                                                  chunk_size=4, grad_clip=1.0)
+            else:
+                o, state = form(*x.values(), weights, chunk_size=4, grad_clip=1.0,
+                                output_final_state=True)
+        results.append((o, state))
+    (o_ref, s_ref), (o, state) = results
+    assert all(t.dtype == torch.float32 for t in state_tensors(state))
+    assert rel_err(o, o_ref) < 1e-6, f"seed={seed}"
+    for a, b in zip(state_tensors(state), state_tensors(s_ref)):
+        assert rel_err(a, b) < 1e-6, f"seed={seed}"
+
+
 def test_compiles_without_graph_breaks():
     seed = case_seed()
     x, weights = make_inputs(1, 11, 2, 4, 4, 2, seed, dtype=torch.float32)

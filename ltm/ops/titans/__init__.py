@@ -83,8 +83,10 @@ def _fla_titans(q, k, v, theta, alpha, eta, weights, initial_state, output_final
     fla_state = torch.stack([state.weights[0], -state.momenta[0]]).float()
     log_keep = (1 - alpha).float().clamp_min(_FLA_LOG_FLOOR).log()
     log_mu = eta.float().clamp_min(_FLA_LOG_FLOOR).log()
+    # one dtype for q, k, v, as fla asserts: v's (bf16 under autocast, where the normalised q, k
+    # come out float32)
     o, final = chunk_momentum_delta_rule(
-        q, k.to(q.dtype), v.to(q.dtype), log_keep, log_mu, p=None, beta=torch.ones_like(log_mu),
+        q.to(v.dtype), k.to(v.dtype), v, log_keep, log_mu, p=None, beta=torch.ones_like(log_mu),
         eta=theta.float(), scale=1.0, initial_state=fla_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=False,
         use_p_times_alpha=False)

@@ -93,17 +93,20 @@ def chunk_titans_memory(
     W, S, W_grad = (tuple(x.to(dtype) for x in part) for part in state[:3])
     q, k, v, theta, alpha, eta = (x.to(dtype).transpose(1, 2) for x in (q, k, v, theta, alpha, eta))
     outputs, start = [], 0
-    while start < T:
-        # chunks are counted from position 0 of the sequence, also after a prefill
-        offset = (state.pos + start) % chunk_size
-        end = min(T, start + chunk_size - offset)
-        if offset == 0:
-            W_grad = W
-        part = slice(start, end)
-        o, W, S = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], theta[:, :, part],
-                         alpha[:, :, part], eta[:, :, part], W, S, W_grad, grad_clip)
-        outputs.append(o)
-        start = end
+    # float32 (float64) throughout, autocast or not: under bf16 autocast the matmuls would round
+    # the memory's weights and momenta to bf16 at every chunk
+    with torch.autocast(q.device.type, enabled=False):
+        while start < T:
+            # chunks are counted from position 0 of the sequence, also after a prefill
+            offset = (state.pos + start) % chunk_size
+            end = min(T, start + chunk_size - offset)
+            if offset == 0:
+                W_grad = W
+            part = slice(start, end)
+            o, W, S = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], theta[:, :, part],
+                             alpha[:, :, part], eta[:, :, part], W, S, W_grad, grad_clip)
+            outputs.append(o)
+            start = end
     o = torch.cat(outputs, dim=2).transpose(1, 2).to(out_dtype)
     if not output_final_state:
         return o, None

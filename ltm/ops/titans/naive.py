@@ -52,14 +52,16 @@ def naive_titans_memory(
     for t in range(T):
         if (state.pos + t) % chunk_size == 0:
             W_grad = W
-        u = grads_of(W_grad, k[:, t], v[:, t])
-        scale = 1.0
-        if grad_clip is not None:
-            norm_sq = sum(g.square().sum((-1, -2)) for g in u)[:, None, None]
-            scale = grad_clip * torch.rsqrt(norm_sq.clamp_min(grad_clip ** 2))
-        S = tuple(eta[:, t] * s - theta[:, t] * scale * g for s, g in zip(S, u))
-        W = tuple((1 - alpha[:, t]) * w + s for w, s in zip(W, S))
-        outputs.append(memory_read(W, q[:, t, None])[:, 0])
+        # float32 (float64) state also under autocast
+        with torch.autocast(q.device.type, enabled=False):
+            u = grads_of(W_grad, k[:, t], v[:, t])
+            scale = 1.0
+            if grad_clip is not None:
+                norm_sq = sum(g.square().sum((-1, -2)) for g in u)[:, None, None]
+                scale = grad_clip * torch.rsqrt(norm_sq.clamp_min(grad_clip ** 2))
+            S = tuple(eta[:, t] * s - theta[:, t] * scale * g for s, g in zip(S, u))
+            W = tuple((1 - alpha[:, t]) * w + s for w, s in zip(W, S))
+            outputs.append(memory_read(W, q[:, t, None])[:, 0])
     o = torch.stack(outputs, dim=1).unflatten(0, (B, H)).transpose(1, 2).to(out_dtype)
     if not output_final_state:
         return o, None

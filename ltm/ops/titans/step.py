@@ -56,10 +56,12 @@ def titans_memory_step(
     # [B, H, 1, D]: one token as a chunk of one
     q, k, v = (x.to(dtype)[:, :, None] for x in (q, k, v))
     theta, alpha, eta = (x.to(dtype)[..., None, None] for x in (theta, alpha, eta))
-    xs, deltas, clip = memory_grads(W_grad, k, v, grad_clip)
-    g = theta * clip[..., None]
-    S = tuple(eta * s - g * x.transpose(-1, -2) @ d for s, x, d in zip(S, xs, deltas))
-    W = tuple((1 - alpha) * w + s for w, s in zip(W, S))
-    o = memory_read(W, q)[:, :, 0]
+    # float32 (float64) state also under autocast
+    with torch.autocast(q.device.type, enabled=False):
+        xs, deltas, clip = memory_grads(W_grad, k, v, grad_clip)
+        g = theta * clip[..., None]
+        S = tuple(eta * s - g * x.transpose(-1, -2) @ d for s, x, d in zip(S, xs, deltas))
+        W = tuple((1 - alpha) * w + s for w, s in zip(W, S))
+        o = memory_read(W, q)[:, :, 0]
     pos = state.pos + 1
     return o.to(out_dtype), TitansState(W, S, W if pos % chunk_size == 0 else W_grad, pos)
