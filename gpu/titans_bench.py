@@ -3,6 +3,7 @@ chunked form >= 10x its token loop), forward and forward+backward, printed as a 
 
     python3 gpu/titans_bench.py [--device cpu] [--batch 1] [--heads 4] [--dim 32] [--seq-len 512]
                                 [--chunk 64] [--depths 1,2,4] [--repeats 3]
+                                [--threads N]
 
 Random float32 inputs with the mixer's kind of gates (theta ~0.1, alpha ~0.01, eta ~0.9),
 grad_clip 1; the MLP's hidden width is 2 * dim. Both forms compute the same function (the loop
@@ -83,7 +84,12 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--depths", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads (default: torch's); 1 on a shared 2-core machine, "
+                             "where a second spinning thread only slows these small matmuls")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, B={args.batch} "
           f"T={args.seq_len} H={args.heads} D={args.dim} chunk={args.chunk}")

@@ -142,6 +142,26 @@ def test_compiled_forward_has_no_graph_breaks():
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
+def test_checkpointing_and_bf16_autocast():
+    """Training switches that reach the mixer: activation checkpointing gives the same loss and
+    gradients; bf16 autocast (CPU here) gives a finite loss close to float32's."""
+    seed = case_seed()
+    idx = torch.randint(0, VOCAB, (2, 15), generator=torch.Generator().manual_seed(seed))
+    results = []
+    for checkpointing in (False, True):
+        model = tiny_lm(seed, checkpointing=checkpointing).double().train()
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    (loss0, grads0), (loss1, grads1) = results
+    assert loss0 == loss1, f"seed={seed}"
+    assert all(rel_err(a, b) < 1e-12 for a, b in zip(grads1, grads0)), f"seed={seed}"
+    model = tiny_lm(seed).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    assert torch.isfinite(loss) and abs(loss.item() - loss0) < 0.05 * loss0, f"seed={seed}"
+
+
 def test_a_tiny_model_learns_a_repeated_batch():
     """float32, the CPU default (kernel torch), 25 AdamW steps on one batch."""
     seed = case_seed()
