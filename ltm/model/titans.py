@@ -13,7 +13,12 @@ the read o = M(q) per head, RMS-normalised, then an output projection. The memor
 weights are parameters: the MLP's first layers start random (a zero MLP has zero gradients) and its
 last layer, like the linear memory, starts at zero, so M reads zero before it has learned anything.
 
-Generation state: {"memory": TitansState, "attn": the attention's KV cache}. With model.kernel
+Generation state: one flat dict, {"k", "v", "pos"} of the attention's KV cache (pos: tokens so
+far, also the memory's position) and per memory layer l "memory_w{l}", "memory_s{l}",
+"memory_c{l}": the weights, momentum and chunk-start weights, the weights kept as offsets from
+the learned initial ones. So an all-zero state is the state before the first token, as for the
+other mixers, and the static-cache decoder (ltm/model/decoding.py) zeroes, copies rows and
+captures steps of it like any other. With model.kernel
 torch the memory runs in chunks (its mini-batch is model.titans_chunk_size, part of the function);
 naive is the token loop; fla only for the linear memory with titans_chunk_size 1 and no clipping.
 """
@@ -28,7 +33,7 @@ from torch import nn
 
 from ltm.model.config import ModelConfig
 from ltm.model.mixers import Attention, state_dtype
-from ltm.ops.titans import init_titans_state, titans_memory, titans_memory_one_token
+from ltm.ops.titans import TitansState, titans_memory, titans_memory_one_token
 
 # initial values of the sigmoid gates: small steps, little forgetting, strong momentum
 THETA_INIT, ALPHA_INIT, ETA_INIT = 0.1, 0.01, 0.9
@@ -62,10 +67,32 @@ class Titans(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(D))
         self.out_proj = nn.Linear(C, C, bias=False)
 
-    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
-        weights = [w.to(device) for w in self.memory]
-        return {"memory": init_titans_state(weights, batch, state_dtype(dtype)),
-                "attn": self.attn.init_state(batch, device, dtype)}
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype,
+                   length: int | None = None) -> dict:
+        """The state before the first token (see the module docstring); `length` positions of
+        KV cache (default max_seq_len)."""
+        state = self.attn.init_state(batch, device, dtype, length=length)
+        for layer, w in enumerate(self.memory):
+            for part in "wsc":
+                state[f"memory_{part}{layer}"] = torch.zeros(batch, *w.shape, device=device,
+                                                             dtype=state_dtype(dtype))
+        return state
+
+    def _unpack(self, state: dict) -> TitansState:
+        """The op's state from the flat dict: weights = initial weights + the stored offsets."""
+        L = range(len(self.memory))
+        w0 = [w.to(state["memory_w0"].dtype) for w in self.memory]
+        return TitansState(tuple(w0[l] + state[f"memory_w{l}"] for l in L),
+                           tuple(state[f"memory_s{l}"] for l in L),
+                           tuple(w0[l] + state[f"memory_c{l}"] for l in L), state["pos"])
+
+    def _pack(self, memory: TitansState) -> dict:
+        w0 = [w.to(memory.weights[0].dtype) for w in self.memory]
+        packed = {}
+        for layer, (w, s, c) in enumerate(zip(*memory[:3])):
+            packed.update({f"memory_w{layer}": w - w0[layer], f"memory_s{layer}": s,
+                           f"memory_c{layer}": c - w0[layer]})
+        return packed
 
     def _memory(self, x: torch.Tensor, gates: torch.Tensor, state):
         """The memory branch: its output (B, T, C) before the gate, and its new state."""
@@ -90,8 +117,8 @@ class Titans(nn.Module):
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
         params, mix = self.gate_proj(x).split(self.gate_widths, dim=-1)
-        memory, memory_state = self._memory(x, params, None if state is None else state["memory"])
-        attn_state = None if state is None else state["attn"]
+        memory, memory_state = self._memory(x, params, None if state is None else self._unpack(state))
+        attn_state = None if state is None else {key: state[key] for key in ("k", "v", "pos")}
         if self.arrangement == "mag":
             attended, attn_state = self.attn(x, attn_state)
             gate = torch.sigmoid(mix)
@@ -99,4 +126,4 @@ class Titans(nn.Module):
         else:
             attended, attn_state = self.attn(x + memory, attn_state)
             y = memory + attended
-        return y, (None if state is None else {"memory": memory_state, "attn": attn_state})
+        return y, (None if state is None else {**attn_state, **self._pack(memory_state)})

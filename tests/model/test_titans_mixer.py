@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ltm.model.config import ModelConfig
+from ltm.model.decoding import Sampling, generate_tokens
 from ltm.model.lm import LTM
 from ltm.model.titans import Titans
 from ltm.params import ParamsError, from_mapping
@@ -69,7 +70,7 @@ def test_prefill_then_steps_equal_one_parallel_pass(name, kernel):
     for start, end in [(0, 7), (7, 9)] + [(t, t + 1) for t in range(9, 17)]:
         y, state = mixer(x[:, start:end], state)
         outputs.append(y)
-    assert state["memory"].pos == 17 and state["attn"]["pos"] == 17
+    assert state["pos"] == 17
     assert rel_err(torch.cat(outputs, dim=1), y_parallel) < 1e-10, f"seed={seed}"
 
 
@@ -132,6 +133,22 @@ def test_greedy_generation_matches_the_uncached_loop(arrangement):
     got = model.generate(idx, max_new_tokens=8, temperature=0)
     want = model.generate_uncached(idx, max_new_tokens=8, temperature=0)
     assert torch.equal(got, want), f"seed={seed}"
+
+
+@pytest.mark.parametrize("kernel", ["naive", "torch"])
+@pytest.mark.parametrize("arrangement", ["mag", "mal"])
+def test_static_decoder_ragged_batch_gives_each_prompt_alone(arrangement, kernel):
+    """ltm.model.decoding (the samples stage's decoder): zeroed state = the initial memory, rows
+    at their own positions (tensor pos), float32 tokens equal to LTM.generate per prompt."""
+    model = tiny_lm(titans_arrangement=arrangement, kernel=kernel).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen) for n in (3, 9, 1, 6)]
+    alone = torch.cat([model.generate(p[None], max_new_tokens=10, temperature=0)[:, len(p):]
+                       for p in prompts])
+    assert torch.equal(generate_tokens(model, prompts, 10, Sampling(0)), alone)
 
 
 def test_compiled_forward_has_no_graph_breaks():

@@ -171,6 +171,42 @@ def test_steps_equal_the_sequence_and_prefill_then_steps_too(depth, C):
             assert rel_err(a, b) < BOUND, f"prefill {prefill}, seed={seed}"
 
 
+@pytest.mark.parametrize("form", ["naive", "step"])
+def test_rows_at_their_own_positions(form):
+    """A (B,) tensor position (static-cache decoding of ragged prompts): each row continues as it
+    would alone, at its own place in its chunk."""
+    seed = case_seed()
+    x, weights = make_inputs(2, 9, 2, 5, 4, 2, seed)
+    starts = (6, 3)  # chunk 4: row 0 inside its second chunk, row 1 one token before a boundary
+    alone, states = [], []
+    for row, start in enumerate(starts):
+        inputs = {n: t[row:row + 1] for n, t in x.items()}
+        _, state = chunk_titans_memory(*(t[:, :start] for t in inputs.values()), weights,
+                                       chunk_size=4, grad_clip=0.5, output_final_state=True)
+        states.append(state)
+        # two more tokens each: the ones at positions start and start + 1
+        o, _ = naive_titans_memory(*(t[:, start:start + 2] for t in inputs.values()), weights,
+                                   chunk_size=4, grad_clip=0.5, initial_state=state)
+        alone.append(o)
+    parts = [tuple(torch.cat(ts) for ts in zip(*(s[i] for s in states))) for i in range(3)]
+    batched = TitansState(*parts, torch.tensor(starts))
+    rows = torch.arange(2)
+    pick = [{n: t[rows, torch.tensor(starts) + j] for n, t in x.items()} for j in range(2)]
+    if form == "step":
+        outputs, state = [], batched
+        for j in range(2):
+            o, state = titans_memory_step(*pick[j].values(), weights, state, chunk_size=4,
+                                          grad_clip=0.5)
+            outputs.append(o)
+        o = torch.stack(outputs, dim=1)
+    else:
+        seq = {n: torch.stack([pick[0][n], pick[1][n]], dim=1) for n in NAMES}
+        o, state = naive_titans_memory(*seq.values(), weights, chunk_size=4, grad_clip=0.5,
+                                       initial_state=batched, output_final_state=True)
+    assert torch.equal(state.pos, torch.tensor(starts) + 2)
+    assert rel_err(o, torch.cat(alone)) < BOUND, f"seed={seed}"
+
+
 @pytest.mark.parametrize("kernel", ["naive", "torch"])
 def test_entry_points_reach_the_forms(kernel):
     seed = case_seed()
@@ -302,7 +338,10 @@ def test_bad_options_and_states_are_one_line_errors():
     for kwargs, message in ((dict(chunk_size=0), "chunk_size must be"),
                             (dict(chunk_size=2, grad_clip=0.0), "grad_clip must be"),
                             (dict(chunk_size=2, initial_state=init_titans_state(weights, 3)),
-                             "state.weights must be")):
+                             "state.weights must be"),
+                            (dict(chunk_size=2, initial_state=init_titans_state(weights, 2)
+                                  ._replace(pos=torch.zeros(2, dtype=torch.long))),
+                             "state.pos must be an int")):
         with pytest.raises(ValueError, match=message) as info:
             chunk_titans_memory(*x.values(), weights, **kwargs)
         assert "\n" not in str(info.value)

@@ -32,8 +32,10 @@ class TitansState(NamedTuple):
     # to `weights` when pos is a multiple of the chunk size): a prefill or step that starts inside
     # a chunk continues its mini-batch exactly
     chunk_weights: tuple[torch.Tensor, ...]
-    # tokens consumed so far: chunks are counted from position 0
-    pos: int
+    # tokens consumed so far: chunks are counted from position 0. The one-token step also takes
+    # a (B,) integer tensor, each row at its own position (static-cache decoding of ragged
+    # prompts); the sequence forms need an int (their chunk boundaries are Python-level)
+    pos: int | torch.Tensor
 
 
 def init_titans_state(weights: Sequence[torch.Tensor], batch: int,
@@ -109,11 +111,20 @@ def check_weights(weights: Sequence[torch.Tensor], H: int, K: int, V: int) -> No
         d_in = d_out
 
 
-def check_state(state: TitansState | None, weights: Sequence[torch.Tensor], B: int) -> None:
+def check_state(state: TitansState | None, weights: Sequence[torch.Tensor], B: int,
+                tensor_pos: bool = False) -> None:
+    """One-line errors for a state of the wrong kind or shapes; a (B,) tensor position only
+    where `tensor_pos` (the one-token step)."""
     if state is None:
         return
-    if not isinstance(state, TitansState) or not isinstance(state.pos, int) or state.pos < 0:
+    if not isinstance(state, TitansState):
         raise ValueError("state must be a TitansState (see init_titans_state) or None")
+    if torch.is_tensor(state.pos):
+        if not tensor_pos or tuple(state.pos.shape) != (B,) or state.pos.is_floating_point():
+            raise ValueError(f"state.pos must be an int{' or a (B,) integer tensor' * tensor_pos}"
+                             f", got a tensor of shape {tuple(state.pos.shape)}")
+    elif not isinstance(state.pos, int) or state.pos < 0:
+        raise ValueError(f"state.pos must be an int >= 0, got {state.pos!r}")
     for name in ("weights", "momenta", "chunk_weights"):
         got = getattr(state, name)
         want = [(B, *w.shape) for w in weights]
@@ -129,7 +140,8 @@ def check_options(chunk_size: int, grad_clip: float | None) -> None:
         raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip!r}")
 
 
-def check_inputs(q, k, v, theta, alpha, eta, weights, state, chunk_size, grad_clip) -> None:
+def check_inputs(q, k, v, theta, alpha, eta, weights, state, chunk_size, grad_clip,
+                 tensor_pos: bool = False) -> None:
     """One-line ValueErrors for a sequence: q, k [B, T, H, K]; v [B, T, H, V]; theta, alpha,
     eta [B, T, H]; T >= 1."""
     if q.dim() != 4 or q.shape[1] < 1:
@@ -143,5 +155,5 @@ def check_inputs(q, k, v, theta, alpha, eta, weights, state, chunk_size, grad_cl
         if _shape(x) != (B, T, H):
             raise ValueError(f"{name} must be [B, T, H] = {(B, T, H)}, got {_shape(x)}")
     check_weights(weights, H, K, v.shape[-1])
-    check_state(state, weights, B)
+    check_state(state, weights, B, tensor_pos)
     check_options(chunk_size, grad_clip)

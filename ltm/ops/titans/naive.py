@@ -16,6 +16,15 @@ def _loss(weights: tuple, key: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     return 0.5 * (memory_read(weights, key[None])[0] - value).square().sum()
 
 
+def _at_chunk_start(pos, chunk_size: int, H: int, weights: tuple, chunk_weights: tuple) -> tuple:
+    """The weights at which the token at `pos` takes its gradient: `weights` where a chunk starts,
+    else `chunk_weights`; pos an int or a (B,) tensor (rows are (batch, head) pairs here)."""
+    if not torch.is_tensor(pos):
+        return weights if pos % chunk_size == 0 else chunk_weights
+    start = (pos % chunk_size == 0).repeat_interleave(H)[:, None, None]
+    return tuple(torch.where(start, w, c) for w, c in zip(weights, chunk_weights))
+
+
 def naive_titans_memory(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -36,9 +45,11 @@ def naive_titans_memory(
         u = grad of 1/2 ||M_{W_c}(k_t) - v_t||^2 w.r.t. W_c, scaled by min(1, grad_clip / ||u||)
         S = eta_t S - theta_t u;   W = (1 - alpha_t) W + S;   o_t = M_W(q_t)
 
-    Arguments and returns as `chunk_titans_memory`.
+    Arguments and returns as `chunk_titans_memory`; the initial state's pos may also be a (B,)
+    tensor here (each row at its own position, as static-cache decoding keeps them).
     """
-    check_inputs(q, k, v, theta, alpha, eta, weights, initial_state, chunk_size, grad_clip)
+    check_inputs(q, k, v, theta, alpha, eta, weights, initial_state, chunk_size, grad_clip,
+                 tensor_pos=True)
     B, T, H = q.shape[:3]
     dtype, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype
     state = initial_state or init_titans_state(weights, B, dtype)
@@ -50,8 +61,7 @@ def naive_titans_memory(
     grads_of = vmap(grad(_loss))
     outputs = []
     for t in range(T):
-        if (state.pos + t) % chunk_size == 0:
-            W_grad = W
+        W_grad = _at_chunk_start(state.pos + t, chunk_size, H, W, W_grad)
         # float32 (float64) state also under autocast
         with torch.autocast(q.device.type, enabled=False):
             u = grads_of(W_grad, k[:, t], v[:, t])
@@ -66,6 +76,6 @@ def naive_titans_memory(
     if not output_final_state:
         return o, None
     pos = state.pos + T
-    W_grad = W if pos % chunk_size == 0 else W_grad
+    W_grad = _at_chunk_start(pos, chunk_size, H, W, W_grad)
     W, S, W_grad = (tuple(x.unflatten(0, (B, H)) for x in part) for part in (W, S, W_grad))
     return o, TitansState(W, S, W_grad, pos)

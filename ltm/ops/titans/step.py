@@ -24,6 +24,16 @@ def _check_step_shapes(q, k, v, theta, alpha, eta) -> None:
             raise ValueError(f"{name} must be [B, H] = {(B, H)}, got {tuple(x.shape)}")
 
 
+def _at_chunk_start(pos, chunk_size: int, weights: tuple, chunk_weights: tuple) -> tuple:
+    """The weights the token at `pos` takes its gradient at: the current ones where a chunk
+    starts, else the chunk's stored start. `pos` an int, or a (B,) tensor (row by row, with no
+    host sync, so a captured decoding step serves every position)."""
+    if not torch.is_tensor(pos):
+        return weights if pos % chunk_size == 0 else chunk_weights
+    start = (pos % chunk_size == 0)[:, None, None, None]
+    return tuple(torch.where(start, w, c) for w, c in zip(weights, chunk_weights))
+
+
 def titans_memory_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -41,18 +51,17 @@ def titans_memory_step(
     (the current weights when chunk_size is 1), the momentum and forgetting updates, the read.
 
     q, k: [B, H, K]; v: [B, H, V]; theta, alpha, eta: [B, H]; weights: the initial memory,
-    [H, d_in, d_out] per layer (used when state is None). Returns o [B, H, V] in the dtype of v
-    and the new state.
+    [H, d_in, d_out] per layer (used when state is None); state.pos an int or a (B,) tensor.
+    Returns o [B, H, V] in the dtype of v and the new state.
     """
     _check_step_shapes(q, k, v, theta, alpha, eta)
     check_weights(weights, q.shape[1], q.shape[2], v.shape[-1])
-    check_state(state, weights, q.shape[0])
+    check_state(state, weights, q.shape[0], tensor_pos=True)
     check_options(chunk_size, grad_clip)
     dtype, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype
     state = state or init_titans_state(weights, q.shape[0], dtype)
     W, S, W_grad = (tuple(x.to(dtype) for x in part) for part in state[:3])
-    if state.pos % chunk_size == 0:
-        W_grad = W
+    W_grad = _at_chunk_start(state.pos, chunk_size, W, W_grad)
     # [B, H, 1, D]: one token as a chunk of one
     q, k, v = (x.to(dtype)[:, :, None] for x in (q, k, v))
     theta, alpha, eta = (x.to(dtype)[..., None, None] for x in (theta, alpha, eta))
@@ -64,4 +73,4 @@ def titans_memory_step(
         W = tuple((1 - alpha) * w + s for w, s in zip(W, S))
         o = memory_read(W, q)[:, :, 0]
     pos = state.pos + 1
-    return o.to(out_dtype), TitansState(W, S, W if pos % chunk_size == 0 else W_grad, pos)
+    return o.to(out_dtype), TitansState(W, S, _at_chunk_start(pos, chunk_size, W, W_grad), pos)
