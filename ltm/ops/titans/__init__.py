@@ -1,4 +1,5 @@
-"""The Titans neural long-term memory (Behrouz et al., 2024), every implementation reached from here.
+"""The Titans neural long-term memory (Behrouz et al., 2024), every implementation reached from
+here.
 
 Per batch and head, a memory M (its weights W: linear [K, V] or an MLP, see memory.py) learns at
 test time. For tokens t = 1 .. T with q_t, k_t [K], v_t [V], step size theta_t >= 0, forgetting
