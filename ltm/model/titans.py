@@ -25,7 +25,6 @@ naive is the token loop; fla only for the linear memory with titans_chunk_size 1
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +36,6 @@ from ltm.ops.titans import TitansState, titans_memory, titans_memory_one_token
 
 # initial values of the sigmoid gates: small steps, little forgetting, strong momentum
 THETA_INIT, ALPHA_INIT, ETA_INIT = 0.1, 0.01, 0.9
-
-
-def _logit(p: float) -> float:
-    return math.log(p / (1 - p))
 
 
 class Titans(nn.Module):
@@ -57,8 +52,9 @@ class Titans(nn.Module):
         # theta, alpha, eta (H columns each) and, for mag, the C columns of the output gate
         self.gate_widths = [3 * H, C if self.arrangement == "mag" else 0]
         self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
-        inits = (THETA_INIT, ALPHA_INIT, ETA_INIT)
-        self.gate_bias = nn.Parameter(torch.tensor(inits).repeat_interleave(H).apply_(_logit))
+        # the sigmoid's inverse of the initial values, by tensor ops (also under a meta device)
+        inits = torch.tensor([THETA_INIT, ALPHA_INIT, ETA_INIT]).repeat_interleave(H)
+        self.gate_bias = nn.Parameter(torch.log(inits / (1 - inits)))
         dims = [D] + [cfg.titans_expansion * D] * (cfg.titans_depth - 1) + [D]
         self.memory = nn.ParameterList(
             nn.Parameter(torch.randn(H, d_in, d_out) * d_in ** -0.5 if layer < len(dims) - 2
