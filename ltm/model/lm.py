@@ -76,14 +76,19 @@ class LatentCrossAttention(nn.Module):
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
+def build_mixer(cfg: ModelConfig, layer: int) -> nn.Module:
+    """The token mixer named by cfg.mixer, Titans included (it lives in a module of its own,
+    which builds on mixers.Attention, so mixers.make_mixer cannot import it)."""
+    return Titans(cfg) if cfg.mixer == "titans" else make_mixer(cfg, layer)
+
+
 class Block(nn.Module):
     """Pre-norm residual block: token mixer, then (with latents) cross-attention, then MLP."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.mixer_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        # Titans lives in a module of its own (it builds on mixers.Attention)
-        self.mixer = Titans(cfg) if cfg.mixer == "titans" else make_mixer(cfg, layer)
+        self.mixer = build_mixer(cfg, layer)
         self.cross_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.n_latent > 0 else None
         self.cross = LatentCrossAttention(cfg) if cfg.n_latent > 0 else None
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)

@@ -8,7 +8,8 @@ import torch
 
 from ltm.model.config import ModelConfig
 from ltm.model.decoding import Sampling, generate_tokens
-from ltm.model.lm import LTM
+from ltm.model.lm import LTM, build_mixer
+from ltm.model.mixers import make_mixer
 from ltm.model.titans import Titans
 from ltm.params import ParamsError, from_mapping
 from reference import case_seed, rel_err
@@ -83,6 +84,14 @@ def test_every_parameter_gets_a_gradient():
         for name, p in mixer.named_parameters():
             assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}, seed={seed}"
             assert torch.isfinite(p.grad).all(), f"{name}, seed={seed}"
+
+
+def test_the_mixer_factories():
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans")
+    assert isinstance(build_mixer(cfg, 0), Titans)
+    with pytest.raises(ValueError, match="built by ltm.model.lm.build_mixer") as info:
+        make_mixer(cfg, 0)
+    assert "\n" not in str(info.value)
 
 
 def test_gates_start_where_documented():
