@@ -23,6 +23,9 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
+import pandas as pd
+from IPython.display import display
+
 from ltm.pipeline import stage_paths
 from ltm.stages.ablate import ablate_stage
 from ltm.stages.summary import ablate_summary, read_results, write_summary
@@ -34,7 +37,8 @@ summary_path = paths.pop("summary_path")
 result = ablate_stage(params_path, **paths)
 # the headline metrics that `dvc metrics diff` compares: each change's verdict and speed-up
 write_summary(summary_path, ablate_summary(read_results(paths["metrics_path"])))
-print(result.info)
+# the protocol's settings (every line above went to the terminal too: one per change tried)
+display(pd.Series({k: str(v) for k, v in result.info.items()}, name="value").to_frame())
 result.table
 
 # %%

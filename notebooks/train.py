@@ -49,7 +49,7 @@ loss_figure(pd.DataFrame(result.history))
 # suffix NLL given the prefix compares them), then the latent model by inference steps.
 
 # %%
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from ltm.report.figures import latent_by_steps, latent_figure
 
@@ -58,7 +58,7 @@ latent = result.metrics.get("latent_model") or {}
 if not comparison.empty:
     display(comparison)
 if latent.get("val_nelbo_by_steps"):
-    print(latent.get("note", ""))
+    display(Markdown(latent.get("note", "")))
     display(latent_figure(latent_by_steps(latent), comparison if not comparison.empty else None,
                           pd.DataFrame(result.compared) if result.compared else None))
 
@@ -98,9 +98,14 @@ from ltm.report.study import bound_figure, study_table, verdict_lines
 from ltm.stages.train import study_stage
 
 study_paths = stage_paths("train", study_metrics_path=study_metrics_path)
-# a summary line per model rather than progress bars, which a stored notebook keeps every update of
-study = study_stage(params_path, study_paths["study_metrics_path"], progress=False)
-print("\n".join(verdict_lines(study)))
+# no progress bars (a stored notebook keeps every update): the study's own log is shown below,
+# and the terminal gets one line per source, its answer against the parameter-matched plain model
+study_log = []
+study = study_stage(params_path, study_paths["study_metrics_path"], progress=False,
+                    say=study_log.append)
+print("\n".join(line for line in verdict_lines(study) if "as many parameters" in line))
+display(Markdown("\n".join(f"- {line}" for line in verdict_lines(study))))
+display(Markdown("Log: " + "; ".join(study_log)))
 study_table(study)
 
 # %%
