@@ -15,6 +15,8 @@ plot_dir = None
 checkpoint_dir = None
 prior_metrics_path = None
 prior_plot_path = None
+recall_metrics_path = None
+recall_plot_path = None
 
 # %%
 # %matplotlib inline
@@ -56,3 +58,23 @@ prior_table, prior_metrics = prior_benchmark(
     plot_path=prior_paths["prior_plot_path"])
 display({k: v for k, v in prior_metrics.items() if k != "by_source"})
 prior_table
+
+# %% [markdown]
+# ## Recall against distance
+# Multi-query associative recall (ltm/data/recall.py): key-value pairs written through a sequence,
+# each key queried once later. Every mixer of `benchmark.recall.mixers` is trained here on the
+# same batches at (nearly) equal parameters; accuracy on held-out answers by how far back the pair
+# was written, with its binomial standard error (ltm/bench/recall.py).
+
+# %%
+from ltm.report.recall import recall_figure
+from ltm.stages.benchmark import recall_benchmark
+
+recall_paths = stage_paths("benchmark", recall_metrics_path=recall_metrics_path,
+                           recall_plot_path=recall_plot_path)
+recall_table, recall_curve, recall_metrics = recall_benchmark(
+    params_path, recall_paths["recall_metrics_path"], recall_paths["recall_plot_path"])
+display({k: v for k, v in recall_metrics.items() if k not in ("settings", "by_mixer")})
+if recall_metrics["enabled"]:
+    display(recall_figure(recall_table, recall_metrics, recall_curve))
+recall_table
