@@ -67,7 +67,7 @@ prior_table
 # was written, with its binomial standard error (ltm/bench/recall.py).
 
 # %%
-from ltm.report.recall import recall_figure
+from ltm.report.recall_figure import recall_figure
 from ltm.stages.benchmark import recall_benchmark
 
 recall_paths = stage_paths("benchmark", recall_metrics_path=recall_metrics_path,
