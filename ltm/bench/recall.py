@@ -44,7 +44,7 @@ class RecallBench:
     # the models compared: a model.mixer, with `:window` for sliding-window attention
     mixers: list[str] = field(default_factory=lambda: ["attention", "attention:window", "rwkv7",
                                                        "deltanet"])
-    steps: int = 300
+    steps: int = 200
     batch: int = 32
     lr: float = 3e-3
     seq_len: int = 128
