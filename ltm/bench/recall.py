@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ltm.data.recall import RecallBatch, RecallTask, recall_batch
 from ltm.model.lm import LTM, ModelConfig
