@@ -153,6 +153,16 @@ def recall_accuracy(model: nn.Module, batch: RecallBatch, bins: list[tuple[int, 
     return rows
 
 
+def lr_factor(step: int, steps: int) -> float:
+    """The multiple of lr at `step`: a linear warm-up over the first 10% of the steps, then a
+    cosine from 1 down to 0.1."""
+    warmup = max(1, steps // 10)
+    if step < warmup:
+        return (step + 1) / warmup
+    done = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+
+
 def train_recall(cfg: ModelConfig, bench: RecallBench, batches: RecallBatch, device: torch.device,
                  bar: tqdm) -> tuple[LTM, list[float]]:
     """One model trained on the answers of `batches` (steps x batch sequences, in order), AdamW
@@ -162,9 +172,7 @@ def train_recall(cfg: ModelConfig, bench: RecallBench, batches: RecallBatch, dev
     model = LTM(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, weight_decay=0.1,
                                   betas=(0.9, 0.98))
-    warmup = max(1, bench.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, 0.1 + 0.45 * (
-        1 + math.cos(math.pi * min(1.0, max(0, s - warmup) / max(1, bench.steps - warmup))))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, bench.steps))
     losses = []
     for step in range(bench.steps):
         rows = slice(step * bench.batch, (step + 1) * bench.batch)

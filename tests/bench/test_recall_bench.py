@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ltm.bench.recall import (RecallBench, beyond_window, bench_recall, distance_bins,
+from ltm.bench.recall import (RecallBench, beyond_window, bench_recall, distance_bins, lr_factor,
                               matched_configs, recall_accuracy, recall_metrics)
 from ltm.data.recall import RecallTask, recall_batch
 from ltm.model.lm import LTM
@@ -96,3 +96,10 @@ def test_a_bad_mixer_entry_is_a_one_line_error(mixers, message):
     with pytest.raises(ParamsError, match=message) as err:
         RecallBench(mixers=mixers)
     assert "\n" not in str(err.value)
+
+
+def test_the_learning_rate_warms_up_then_decays_to_a_tenth():
+    factors = [lr_factor(s, 100) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in zip(factors[9:], factors[10:]))
