@@ -62,6 +62,9 @@ class RecallBench:
 
     def __post_init__(self) -> None:
         check(len(self.mixers) > 0, "mixers", "must name one or more models")
+        # each entry names its rows of the table: a repeat would silently be trained once
+        check(len(set(self.mixers)) == len(self.mixers), "mixers",
+              f"each entry once, got {self.mixers}")
         for name in ("steps", "batch", "eval_sequences", "d_model", "n_layers", "n_heads"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")

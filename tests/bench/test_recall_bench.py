@@ -91,6 +91,7 @@ def test_the_models_are_matched_in_size_to_one_mlp_column():
     (["attention:wide"], "mixers: 'attention:wide': unknown option 'wide'"),
     (["rwkv7:window"], "mixers: 'rwkv7:window': model.window"),
     ([], "mixers: must name one or more models"),
+    (["rwkv7", "rwkv7"], "mixers: each entry once"),
 ])
 def test_a_bad_mixer_entry_is_a_one_line_error(mixers, message):
     with pytest.raises(ParamsError, match=message) as err:
