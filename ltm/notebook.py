@@ -44,8 +44,10 @@ def enter_project_root(start: str | Path | None = None) -> Path:
 
 
 def run_notebook(source: str | Path, output: str | Path, parameters: dict | None = None,
-                 cwd: str | Path = ".", log_output: bool = True) -> None:
-    """Execute the percent-format notebook `source` and write the result to `output`."""
+                 cwd: str | Path = ".", echo: bool = True) -> None:
+    """Execute the percent-format notebook `source` and write the result to `output`; with
+    `echo`, what its cells print (stdout, stderr) also goes to this process's terminal as it
+    comes, and what they display (tables, figures) stays in the notebook."""
     notebook = jupytext.read(source)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +56,11 @@ def run_notebook(source: str | Path, output: str | Path, parameters: dict | None
         papermill.execute_notebook(
             str(unexecuted), str(output), parameters=parameters or {}, kernel_name=KERNEL_NAME,
             language="python",
-            cwd=str(cwd), log_output=log_output, progress_bar=False)
+            cwd=str(cwd), log_output=False, progress_bar=False,
+            stdout_file=sys.stdout if echo else None, stderr_file=sys.stderr if echo else None,
+            # the kernel's own start-up warnings (the TCP transport's, at every stage) are
+            # Jupyter's business, not the stage's output; errors still show
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])
 
 
 def _one_line(err: papermill.PapermillExecutionError) -> str:
@@ -130,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except papermill.PapermillExecutionError as err:
         print(f"ltm: {args.source} failed: {_one_line(err)}", file=sys.stderr)
         return 1
-    keep_last_run([value for _, value in args.p])
+    # the executed notebook too: DVC removes it with the rest, and it is in dvc.lock
+    keep_last_run([value for _, value in args.p] + [args.output])
     return 0
 
 

@@ -11,6 +11,7 @@
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
 metrics_path = None
+summary_path = None
 plot_path = None
 checkpoint_dir = None
 
@@ -22,13 +23,22 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-from ltm.stages.ablate import ablate_stage
+import pandas as pd
+from IPython.display import display
+
 from ltm.pipeline import stage_paths
+from ltm.stages.ablate import ablate_stage
+from ltm.stages.summary import ablate_summary, read_results, write_summary
 
 paths = stage_paths("ablate", metrics_path=metrics_path, plot_path=plot_path,
-                    checkpoint_dir=checkpoint_dir)  # the train stage's checkpoints: the baseline
+                    checkpoint_dir=checkpoint_dir,  # the train stage's checkpoints: the baseline
+                    summary_path=summary_path)
+summary_path = paths.pop("summary_path")
 result = ablate_stage(params_path, **paths)
-print(result.info)
+# the headline metrics that `dvc metrics diff` compares: each change's verdict and speed-up
+write_summary(summary_path, ablate_summary(read_results(paths["metrics_path"])))
+# the protocol's settings (every line above went to the terminal too: one per change tried)
+display(pd.Series({k: str(v) for k, v in result.info.items()}, name="value").to_frame())
 result.table
 
 # %%

@@ -14,6 +14,7 @@ plot_path = None
 plot_dir = None
 checkpoint_dir = None
 prior_metrics_path = None
+summary_path = None
 prior_plot_path = None
 recall_metrics_path = None
 recall_plot_path = None
@@ -27,6 +28,7 @@ enter_project_root();
 
 # %%
 from IPython.display import display
+import pandas as pd
 
 from ltm.stages.benchmark import benchmark_stage
 from ltm.report.figures import benchmark_figures
@@ -35,8 +37,9 @@ from ltm.pipeline import stage_paths
 paths = stage_paths("benchmark", metrics_path=metrics_path, plot_path=plot_path,
                     plot_dir=plot_dir)
 table, metrics = benchmark_stage(params_path, **paths)
-display(metrics)
-table
+display(pd.json_normalize(metrics, sep=" / ").T.rename(columns={0: "value"}))
+# the columns every row has; the rest (per-group detail) are in reports/plots/benchmark.csv
+table[["group", "case", "impl", "ms", "speedup"]].round(3)
 
 # %%
 for figure in benchmark_figures(table):
@@ -56,8 +59,9 @@ prior_paths = stage_paths("benchmark", checkpoint_dir=checkpoint_dir,
 prior_table, prior_metrics = prior_benchmark(
     params_path, prior_paths["checkpoint_dir"], metrics_path=prior_paths["prior_metrics_path"],
     plot_path=prior_paths["prior_plot_path"])
-display({k: v for k, v in prior_metrics.items() if k != "by_source"})
-prior_table
+display(pd.Series({k: v for k, v in prior_metrics.items() if not isinstance(v, (dict, list))},
+                  name="value").to_frame())
+prior_table.round(3)
 
 # %% [markdown]
 # ## Recall against distance
@@ -74,7 +78,20 @@ recall_paths = stage_paths("benchmark", recall_metrics_path=recall_metrics_path,
                            recall_plot_path=recall_plot_path)
 recall_table, recall_curve, recall_metrics = recall_benchmark(
     params_path, recall_paths["recall_metrics_path"], recall_paths["recall_plot_path"])
-display({k: v for k, v in recall_metrics.items() if k not in ("settings", "by_mixer")})
+display(pd.Series({k: v for k, v in recall_metrics.items() if not isinstance(v, (dict, list))},
+                  name="value").to_frame())
 if recall_metrics["enabled"]:
     display(recall_figure(recall_table, recall_metrics, recall_curve))
-recall_table
+recall_table.round(3)
+
+# %% [markdown]
+# ## The stage's headline metrics
+# What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/benchmark.json).
+
+# %%
+from ltm.stages.summary import benchmark_summary, write_summary
+
+summary_paths = stage_paths("benchmark", summary_path=summary_path)
+summary = write_summary(summary_paths["summary_path"], benchmark_summary(metrics, prior_metrics,
+                                                                     recall_metrics))
+pd.json_normalize(summary, sep=" / ").T.rename(columns={0: "value"})

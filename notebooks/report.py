@@ -8,6 +8,7 @@
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
 metrics_dir = None
+results_dir = None
 plots_dir = None
 bench_records = None
 gpu_records = None
@@ -22,17 +23,17 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from ltm.pipeline import stage_paths
 from ltm.stages.report import report_stage
 
-paths = stage_paths("report", metrics_dir=metrics_dir, plots_dir=plots_dir,
+paths = stage_paths("report", metrics_dir=metrics_dir, results_dir=results_dir, plots_dir=plots_dir,
                     bench_records=bench_records, gpu_records=gpu_records,
                     samples_path=samples_path, output=output)
 sections = report_stage(params_path, **paths)
 for section in sections:
-    print(f"== {section.title} ==", section.note)
+    display(Markdown(f"## {section.title}\n\n{section.note or ''}"))
     for figure in section.figures:
         display(figure)
     for table in section.tables:

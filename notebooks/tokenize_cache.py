@@ -10,6 +10,7 @@
 # dvc.yaml passes the paths; opened in JupyterLab, None means "the value in dvc.yaml"
 params_path = "params.yaml"
 metrics_path = None
+summary_path = None
 
 # %%
 from ltm.notebook import enter_project_root
@@ -18,12 +19,16 @@ from ltm.notebook import enter_project_root
 enter_project_root();
 
 # %%
-from ltm.stages.tokenize import tokenize_stage
-from ltm.pipeline import stage_paths
+import pandas as pd
 
-paths = stage_paths("tokenize", metrics_path=metrics_path)
-metrics, splits = tokenize_stage(params_path, **paths)
-metrics
+from ltm.pipeline import stage_paths
+from ltm.stages.summary import tokenize_summary, write_summary
+from ltm.stages.tokenize import tokenize_stage
+
+paths = stage_paths("tokenize", metrics_path=metrics_path, summary_path=summary_path)
+metrics, splits = tokenize_stage(params_path, paths["metrics_path"])
+summary = write_summary(paths["summary_path"], tokenize_summary(metrics))
+pd.Series(summary, name="value").to_frame()
 
 # %% [markdown]
 # Documents per split (the split is by document, fixed by `data.seed`; synthetic: sequences).

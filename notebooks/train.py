@@ -15,6 +15,7 @@ plot_path = None
 samples_path = None
 prior_metrics_path = None
 study_metrics_path = None
+summary_path = None
 
 # %%
 # %matplotlib inline
@@ -33,8 +34,11 @@ from ltm.stages.train import train_stage
 paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
                     plot_path=plot_path, samples_path=samples_path)
 samples_path = paths.pop("samples_path")
-result = train_stage(params_path, **paths)
-pd.Series(result.metrics, name="value").to_frame()
+# a summary line per trained model rather than progress bars, which a stored notebook keeps
+# every update of
+result = train_stage(params_path, **paths, progress=False)
+headline = {k: v for k, v in result.metrics.items() if not isinstance(v, (dict, list))}
+pd.Series(headline, name="value").to_frame()
 
 # %%
 loss_figure(pd.DataFrame(result.history))
@@ -45,7 +49,7 @@ loss_figure(pd.DataFrame(result.history))
 # suffix NLL given the prefix compares them), then the latent model by inference steps.
 
 # %%
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from ltm.report.figures import latent_by_steps, latent_figure
 
@@ -54,7 +58,7 @@ latent = result.metrics.get("latent_model") or {}
 if not comparison.empty:
     display(comparison)
 if latent.get("val_nelbo_by_steps"):
-    print(latent.get("note", ""))
+    display(Markdown(latent.get("note", "")))
     display(latent_figure(latent_by_steps(latent), comparison if not comparison.empty else None,
                           pd.DataFrame(result.compared) if result.compared else None))
 
@@ -94,10 +98,28 @@ from ltm.report.study import bound_figure, study_table, verdict_lines
 from ltm.stages.train import study_stage
 
 study_paths = stage_paths("train", study_metrics_path=study_metrics_path)
-# a summary line per model rather than progress bars, which a stored notebook keeps every update of
-study = study_stage(params_path, study_paths["study_metrics_path"], progress=False)
-print("\n".join(verdict_lines(study)))
+# no progress bars (a stored notebook keeps every update): the study's own log is shown below,
+# and the terminal gets one line per source, its answer against the parameter-matched plain model
+study_log = []
+study = study_stage(params_path, study_paths["study_metrics_path"], progress=False,
+                    say=study_log.append)
+print("\n".join(line for line in verdict_lines(study) if "as many parameters" in line))
+display(Markdown("\n".join(f"- {line}" for line in verdict_lines(study))))
+display(Markdown("Log: " + "; ".join(study_log)))
 study_table(study)
 
 # %%
 bound_figure(study);
+
+# %% [markdown]
+# ## The stage's headline metrics
+# What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/train.json); every number
+# above is in the results files (reports/results/).
+
+# %%
+from ltm.stages.summary import train_summary, write_summary
+
+summary_paths = stage_paths("train", summary_path=summary_path)
+summary = write_summary(summary_paths["summary_path"],
+                        train_summary(result.metrics, prior_metrics, study))
+pd.json_normalize(summary, sep=".").T.rename(columns={0: "value"})

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    ("ltm", "ltm.params", "ltm.pipeline", "ltm.notebook"),
+    ("ltm", "ltm.params", "ltm.pipeline", "ltm.notebook", "ltm.lab"),
     ("ltm.ops", "ltm.kernels"),
     ("ltm.model",),
     ("ltm.data",),

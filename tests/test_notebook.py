@@ -34,6 +34,26 @@ def test_runs_percent_notebook_with_parameters(tmp_path, monkeypatch):
     assert "abab\n" in printed
 
 
+PRINTS_AND_SHOWS = """# %%
+import sys
+import pandas as pd
+print("a line for the terminal")
+print("a warning for the terminal", file=sys.stderr)
+pd.DataFrame({"shown_only_in_the_notebook": [1, 2]})
+"""
+
+
+def test_printed_lines_reach_the_terminal_and_displayed_tables_do_not(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nb.py").write_text(PRINTS_AND_SHOWS)
+    assert main(["nb.py", "nb.ipynb"]) == 0
+    out, err = capfd.readouterr()  # file descriptors: the kernel process writes to them too
+    assert "a line for the terminal" in out and "a warning for the terminal" in err
+    assert "shown_only_in_the_notebook" not in out + err
+    assert "without encryption" not in out + err  # the kernel's start-up warning
+    assert "shown_only_in_the_notebook" in (tmp_path / "nb.ipynb").read_text()
+
+
 def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.py").write_text(FAILING)
@@ -131,11 +151,17 @@ def test_a_failed_stage_leaves_the_last_runs_metrics_restorable(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nb.py").write_text(WRITER)
     assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json"]) == 0
-    # what DVC does before it runs the stage again, then the run fails
+    executed = (tmp_path / "out.ipynb").read_bytes()
+    # what DVC does before it runs the stage again (the executed notebook is an output too),
+    # then the run fails
     (tmp_path / "reports" / "metrics" / "m.json").unlink()
+    (tmp_path / "out.ipynb").unlink()
     assert main(["nb.py", "out.ipynb", "-p", "metrics_path", "reports/metrics/m.json",
                  "-p", "fail", "yes"]) == 1
     assert not (tmp_path / "reports" / "metrics" / "m.json").exists()
+    assert (tmp_path / "out.ipynb").is_file()  # the failed run's, with its traceback
     assert main(["--restore-last-run"]) == 0
     assert (tmp_path / "reports" / "metrics" / "m.json").read_text() == '{"val_loss": 1.5}'
-    assert "restored 1 files" in capsys.readouterr().out
+    # byte for byte the successful run's notebook, so its hash in dvc.lock matches again
+    assert (tmp_path / "out.ipynb").read_bytes() == executed
+    assert "restored 2 files" in capsys.readouterr().out

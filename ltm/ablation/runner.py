@@ -9,7 +9,10 @@ on the CPU, and two configurations differ only by what their switches change.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import os
+import sys
 import time
 from typing import Callable, Iterator
 
@@ -32,6 +35,35 @@ GROUPS = ("embeddings", "projections", "convolution", "token mixer kernel", "cro
           "MLP", "norms", "loss", "optimiser", "data wait", "compiled graph", "other")
 RANGE = "ltm::"  # prefix of the profiler ranges that the module hooks open
 BACKWARD = "autograd::engine::evaluate_function: "
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null: the profiler's C++ side prints a `USDT ... profiler_start`
+    and `profiler_stop` line at every start and stop whatever its log level (torch 2.13)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def quiet_profile(**options) -> Iterator[profile]:
+    """torch.profiler.profile(**options), started and stopped without its native log lines (only
+    the start and the stop are silenced: anything the profiled code prints still shows)."""
+    prof = profile(**options)
+    with _native_stderr_silenced():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
+
 
 # a step timer: (runner, the step to run) -> seconds; tests pass a fake one
 StepTimer = Callable[["Runner", Callable[[], None]], float]
@@ -129,7 +161,7 @@ class Runner:
             t.synchronize()
             peak = torch.cuda.max_memory_allocated(t.device) - live
             return resident + peak, "weights + optimiser state + step peak (CUDA allocator)"
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             self.step()
         peak = allocation_peak(prof)
         if peak is None:
@@ -356,7 +388,7 @@ def profile_runner(runner: Runner, warmup: int, steps: int) -> tuple[dict[str, f
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         t.synchronize()
-        with profile(activities=activities) as prof:
+        with quiet_profile(activities=activities) as prof:
             begin = time.perf_counter()
             for _ in range(steps):
                 runner.step()

@@ -26,7 +26,10 @@ import triton
 from ltm.bench.kernel_grid import format_grid, grid_table
 from ltm.params import check
 
-OPS = ("delta_rule", "rwkv7", "gated_delta_rule")
+OPS = ("delta_rule", "rwkv7", "gated_delta_rule", "titans")
+# the titans op's rows: the linear memory (one [D, D] layer per head) at the mixer's defaults
+# (model.titans_chunk_size 16, model.titans_grad_clip 1.0)
+TITANS_CHUNK, TITANS_CLIP = 16, 1.0
 IMPLS = ("naive", "torch_chunk", "triton", "fla", "sdpa")
 
 
@@ -93,6 +96,12 @@ def make_inputs(op: str, B: int, T: int, H: int, D: int, dtype: torch.dtype, dev
                 "v": rand(B, T, H, D), "a": (-kk).to(dtype).requires_grad_(),
                 "b": (kk * lr).to(dtype).requires_grad_()}
     k = F.normalize(torch.randn(B, T, H, D, device=device), dim=-1)
+    if op == "titans":  # gates like the mixer's at its initialisation: theta ~0.1, alpha ~0.01, eta ~0.9
+        def gate(low, width):
+            return (low + width * torch.rand(B, T, H, device=device)).to(dtype).requires_grad_()
+        return {"q": rand(B, T, H, D), "k": k.to(dtype).requires_grad_(), "v": rand(B, T, H, D),
+                "theta": gate(0.0, 0.2), "alpha": gate(0.0, 0.02), "eta": gate(0.85, 0.1),
+                "w": torch.zeros(H, D, D, device=device).requires_grad_()}
     x = {"q": rand(B, T, H, D), "k": k.to(dtype).requires_grad_(), "v": rand(B, T, H, D),
          "beta": torch.rand(B, T, H, device=device).to(dtype).requires_grad_()}
     if op == "gated_delta_rule":
@@ -114,6 +123,8 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
             if fn is not None:
                 impls[name] = lambda x, fn=fn: fn(*args(x))[0]
         return impls
+    if op == "titans":
+        return _titans_implementations()
     naive = _optional("ltm.ops.delta_rule.naive", "naive_delta_rule")
     torch_chunk = _optional("ltm.ops.delta_rule.chunk", "chunk_delta_rule")
     ours = _optional("ltm.kernels.delta_rule", "triton_chunk_delta_rule") if on_gpu else None
@@ -126,6 +137,20 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
     if on_gpu and op == "gated_delta_rule" and _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"):
         fla_g = _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
         impls["fla"] = lambda x: fla_g(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
+    return impls
+
+
+def _titans_implementations() -> dict[str, Callable]:
+    """The linear Titans memory's token loop and chunked form (no Triton kernel; fla's momentum
+    delta rule computes it only at chunk size 1, gpu/titans_vs_fla.py times that)."""
+    impls = {}
+    for name, module, fn_name in (("naive", "ltm.ops.titans.naive", "naive_titans_memory"),
+                                  ("torch_chunk", "ltm.ops.titans.chunk", "chunk_titans_memory")):
+        fn = _optional(module, fn_name)
+        if fn is not None:
+            impls[name] = lambda x, fn=fn: fn(
+                x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], [x["w"]],
+                chunk_size=TITANS_CHUNK, grad_clip=TITANS_CLIP)[0]
     return impls
 
 
@@ -151,7 +176,7 @@ def floor_counts(op: str, B: int, T: int, H: int, D: int, itemsize: int, backwar
         fwd_bytes, bwd_bytes = 7 * n * itemsize, 13 * n * itemsize
         flops = 9.0 * B * T * H * D * D
     else:
-        gates = (2 if op == "gated_delta_rule" else 1) * B * T * H * itemsize
+        gates = {"gated_delta_rule": 2, "titans": 3}.get(op, 1) * B * T * H * itemsize
         fwd_bytes, bwd_bytes = 4 * n * itemsize + gates, 7 * n * itemsize + 2 * gates
         flops = 2.0 * B * T * H * (5 * chunk * D + 3 * D * D)
     if backward:
@@ -277,11 +302,13 @@ def run(config: KernelBenchConfig | None = None, device: str | None = None,
             rows += new
             if verbose:
                 print(format_table(new), flush=True)
-        # the token loop, beside our kernel where it runs, at a short length
+        # the token loop at a short length, beside the chunked forms at that same length (so
+        # that its table row reads as a speed-up)
         B, _, H, D = cfg.shapes[0]
         short = {"naive": naive} if naive else {}
-        if short and "triton" in impls:
-            short["triton"] = impls["triton"]
+        for name in ("torch_chunk", "triton"):
+            if short and name in impls:
+                short[name] = impls[name]
         if short:
             new = _rows_for_shape(op, short, [B, cfg.naive_tokens, H, D], dtype, dev, cfg, ceilings)
             rows += [dict(r, impl=f"{r['impl']}@short") for r in new]

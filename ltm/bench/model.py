@@ -21,8 +21,7 @@ import torch
 
 from ltm.model.decoding import Decoder, Sampling
 from ltm.generate import quantization_loss_delta, quantize_model
-from ltm.model.mixers import make_mixer
-from ltm.model.lm import LTM, ModelConfig
+from ltm.model.lm import LTM, ModelConfig, build_mixer
 
 # the mixers compared by default: name -> model settings
 VARIANTS = {
@@ -30,6 +29,8 @@ VARIANTS = {
     "rwkv7": dict(mixer="rwkv7", hierarchical=False, window=None),
     "deltanet": dict(mixer="deltanet", hierarchical=False, window=None),
     "deltanet-hier": dict(mixer="deltanet", hierarchical=True, window=None),
+    # the memory (ltm/ops/titans) beside sliding-window attention, model.titans_* as configured
+    "titans": dict(mixer="titans", hierarchical=False, window=None),
 }
 
 
@@ -77,7 +78,7 @@ def bench_mixers(cfg: ModelConfig, batch: int, seq_len: int, variants: dict | No
             mixer_cfg = _variant(cfg, name, settings, kernel=kernel,
                                  max_seq_len=max(cfg.max_seq_len, seq_len))
             torch.manual_seed(0)
-            mixer = make_mixer(mixer_cfg, layer=0).to(device=device, dtype=dtype)
+            mixer = build_mixer(mixer_cfg, layer=0).to(device=device, dtype=dtype)
             x = torch.randn(batch, seq_len, cfg.d_model, device=device, dtype=dtype)
             passes = {"forward": lambda: _forward(mixer, x)}
             if backward:

@@ -122,7 +122,8 @@ def build_cache(cfg: DataConfig, progress: bool = True) -> dict:
     dtype = _token_dtype(vocab_size)
     meta = {"source": cfg.source, "vocab_size": vocab_size, "dtype": dtype.name,
             "tokenizer_sha256": _sha256(cache_dir / TOKENIZER_FILE), "splits": {}}
-    for split, split_docs in tqdm(splits.items(), desc="tokenize", disable=not progress):
+    # disable None: a bar on a terminal only (in a notebook the stage prints its summary line)
+    for split, split_docs in tqdm(splits.items(), desc="tokenize", disable=None if progress else True):
         ids = [e.ids for e in tokenizer.encode_batch([d.text for d in split_docs])]
         shards = _write_split(cache_dir, split, ids, end_of_text_id(tokenizer), dtype, cfg.shard_tokens)
         (cache_dir / f"{split}.txt").write_text("\n\n".join(d.text for d in split_docs))

@@ -19,7 +19,7 @@ class ModelConfig:
     # 0 = taken from the tokenizer by the train stage; must be > 0 to build a model
     vocab_size: int = 0
     # token mixer of every layer
-    mixer: Literal["attention", "rwkv7", "deltanet"] = "attention"
+    mixer: Literal["attention", "rwkv7", "deltanet", "titans"] = "attention"
     n_layers: int = 2
     d_model: int = 128
     n_heads: int = 4
@@ -55,6 +55,22 @@ class ModelConfig:
     hier_slow_threshold: float | None = None
     # deltanet: q, k, v and the gates projected by one matmul (one weight read as two)
     fused_proj: bool = False
+    # titans: the neural long-term memory (ltm/ops/titans) beside sliding-window attention;
+    # mag = both read x, mixed by a learned gate; mal = the memory layer, then attention on it
+    titans_arrangement: Literal["mag", "mal"] = "mag"
+    # titans: layers of each head's memory; 1 = linear (a delta rule with momentum and forgetting),
+    # >= 2 = an MLP of hidden width titans_expansion * head_dim (SiLU)
+    titans_depth: int = 2
+    titans_expansion: int = 2
+    # titans: the attention beside the memory sees itself and titans_window - 1 earlier tokens
+    titans_window: int = 64
+    # titans: tokens per mini-batch of the memory's test-time gradient descent, whose gradients are
+    # all taken at the mini-batch's starting weights; part of the model's function (unlike
+    # chunk_size), 1 = exact per-token steps
+    titans_chunk_size: int = 16
+    # titans: each token's memory gradient clipped to this norm (deep memories diverge without);
+    # null = no clipping
+    titans_grad_clip: float | None = 1.0
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
     # RMS-normalise each latent before its cross-attention's keys and values (then a global scale
@@ -70,14 +86,14 @@ class ModelConfig:
 
     def __post_init__(self):
         check(self.vocab_size >= 0, "vocab_size", f"must be >= 0, got {self.vocab_size}")
-        check(self.mixer in ("attention", "rwkv7", "deltanet"), "mixer",
-              f"expected 'attention', 'rwkv7' or 'deltanet', got {self.mixer!r}")
+        check(self.mixer in ("attention", "rwkv7", "deltanet", "titans"), "mixer",
+              f"expected 'attention', 'rwkv7', 'deltanet' or 'titans', got {self.mixer!r}")
         check(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
         check(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
         check(self.d_model >= 1 and self.d_model % self.n_heads == 0, "d_model",
               f"must be a positive multiple of n_heads={self.n_heads}, got {self.d_model}")
-        check(self.mixer != "attention" or (self.d_model // self.n_heads) % 2 == 0, "d_model",
-              f"attention needs an even head size for RoPE, got d_model / n_heads = "
+        check(self.mixer not in ("attention", "titans") or (self.d_model // self.n_heads) % 2 == 0,
+              "d_model", f"attention needs an even head size for RoPE, got d_model / n_heads = "
               f"{self.d_model // self.n_heads}")
         check(self.d_ff is None or self.d_ff >= 1, "d_ff", f"must be >= 1 or null, got {self.d_ff}")
         check(self.max_seq_len >= 1, "max_seq_len", f"must be >= 1, got {self.max_seq_len}")
@@ -99,10 +115,28 @@ class ModelConfig:
               f"expected 'token' or 'chunk', got {self.hier_fast_read!r}")
         check(self.hier_slow_threshold is None or self.hier_slow_threshold >= 0,
               "hier_slow_threshold", f"must be >= 0 or null, got {self.hier_slow_threshold}")
+        self._check_titans()
         check(self.n_latent >= 0, "n_latent", f"must be >= 0, got {self.n_latent}")
         check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
         check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
         check(self.init_std > 0, "init_std", f"must be > 0, got {self.init_std}")
+
+    def _check_titans(self) -> None:
+        check(self.titans_arrangement in ("mag", "mal"), "titans_arrangement",
+              f"expected 'mag' or 'mal', got {self.titans_arrangement!r}")
+        for name in ("titans_depth", "titans_expansion", "titans_window", "titans_chunk_size"):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        check(self.titans_grad_clip is None or self.titans_grad_clip > 0, "titans_grad_clip",
+              f"must be > 0 or null, got {self.titans_grad_clip}")
+        if self.mixer != "titans":
+            return
+        check(self.kernel != "triton", "kernel",
+              "mixer 'titans' has no Triton kernel, use torch (chunked) or naive")
+        exact = (self.titans_depth == 1 and self.titans_chunk_size == 1
+                 and self.titans_grad_clip is None)
+        check(self.kernel != "fla" or exact, "kernel",
+              "fla computes the titans memory only with titans_depth 1, titans_chunk_size 1 and "
+              "titans_grad_clip null; use torch")
 
     @property
     def head_dim(self) -> int:

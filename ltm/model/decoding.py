@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ltm.model.mixers import Attention
+from ltm.model.titans import Titans
 from ltm.model.lm import LTM, Cache, sample
 
 # streaming brings tokens to the host in chunks: one device sync per chunk, not per token
@@ -45,8 +46,9 @@ class Sampling:
 
 
 def _init_state(mixer: nn.Module, batch: int, length: int, device, dtype) -> dict:
-    # attention's cache needs only `length` positions; the recurrent states have a fixed size
-    if isinstance(mixer, Attention):
+    # attention's cache (also the one inside Titans) needs only `length` positions; the
+    # recurrent states have a fixed size
+    if isinstance(mixer, (Attention, Titans)):
         return mixer.init_state(batch, device, dtype, length=length)
     return mixer.init_state(batch, device, dtype)
 

@@ -1,5 +1,5 @@
 """The LTM decoder: a LLaMA-style stack (RMSNorm, RoPE, SwiGLU MLP, tied embeddings) whose token
-mixer is softmax attention, RWKV-7 or (hierarchical) gated DeltaNet, and whose every layer can
+mixer is softmax attention, RWKV-7, (hierarchical) gated DeltaNet or Titans, and whose every layer can
 cross-attend to its own slice of latent thought vectors z.
 
     model = LTM(ModelConfig(vocab_size=2048, mixer="deltanet"))
@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ltm.model.config import ModelConfig
 from ltm.model.cross_entropy import IGNORE_INDEX
 from ltm.model.mixers import make_mixer
+from ltm.model.titans import Titans
 from ltm.ops import check_kernel
 from ltm.params import ParamsError
 
@@ -75,13 +76,19 @@ class LatentCrossAttention(nn.Module):
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
+def build_mixer(cfg: ModelConfig, layer: int) -> nn.Module:
+    """The token mixer named by cfg.mixer, Titans included (it lives in a module of its own,
+    which builds on mixers.Attention, so mixers.make_mixer cannot import it)."""
+    return Titans(cfg) if cfg.mixer == "titans" else make_mixer(cfg, layer)
+
+
 class Block(nn.Module):
     """Pre-norm residual block: token mixer, then (with latents) cross-attention, then MLP."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.mixer_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = make_mixer(cfg, layer)
+        self.mixer = build_mixer(cfg, layer)
         self.cross_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.n_latent > 0 else None
         self.cross = LatentCrossAttention(cfg) if cfg.n_latent > 0 else None
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -265,13 +272,21 @@ class LTM(nn.Module):
         (PaLM's count: q.k and p.v over the whole context, not halved for causality); rwkv7 and
         deltanet 18 * n_states * D * D (the D x D state is read, written and queried once per
         token, 2 * D * D FLOPs each, times 3 for forward + backward; n_states = 2 * n_heads when
-        hierarchical). latents, per layer: the cross-attention, 12 * d_model * n_latent, plus the
-        latents' key/value projection, done once per sequence, 6 * 2 * d_model^2 * n_latent /
-        seq_len."""
+        hierarchical); titans the window attention's 12 * d_model * min(seq_len, titans_window)
+        plus 24 * n_heads * P per head's memory of P weights (per token: the gradient's forward and
+        backward pass, the rank-one update and the read, 2 * P FLOPs each, times 3; the chunk's
+        C x C terms are left out). latents, per layer: the cross-attention,
+        12 * d_model * n_latent, plus the latents' key/value projection, done once per sequence,
+        6 * 2 * d_model^2 * n_latent / seq_len."""
         cfg = self.cfg
         if cfg.mixer == "attention":
             context = seq_len if cfg.window is None else min(seq_len, cfg.window)
             mixer = 12 * cfg.d_model * context
+        elif cfg.mixer == "titans":
+            widths = [cfg.head_dim] + [cfg.titans_expansion * cfg.head_dim] * (cfg.titans_depth - 1)
+            memory = sum(a * b for a, b in zip(widths, widths[1:] + [cfg.head_dim]))
+            mixer = (12 * cfg.d_model * min(seq_len, cfg.titans_window)
+                     + 24 * cfg.n_heads * memory)
         else:
             n_states = 2 * cfg.n_heads if cfg.hierarchical else cfg.n_heads
             mixer = 18 * n_states * cfg.head_dim ** 2

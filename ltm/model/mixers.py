@@ -362,4 +362,6 @@ def make_mixer(cfg: ModelConfig, layer: int) -> nn.Module:
         return RWKV7TimeMix(cfg, layer)
     if cfg.mixer == "deltanet":
         return DeltaNet(cfg)
+    if cfg.mixer == "titans":
+        raise ValueError("mixer: 'titans' is built by ltm.model.lm.build_mixer (ltm.model.titans)")
     raise ValueError(f"mixer: unknown mixer {cfg.mixer!r}, expected attention, rwkv7 or deltanet")

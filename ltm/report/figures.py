@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 
 # one colour per implementation (and per split) in every figure, so a colour means one thing
@@ -116,7 +117,7 @@ def profile_figure(profile: pd.DataFrame) -> Figure:
     wide = profile.pivot_table(index="config", columns="group", values="ms", sort=False,
                                aggfunc="sum")
     wide = wide.loc[:, (wide > 0).any()]
-    fig = Figure(figsize=(10, 0.6 * len(wide) + 2.2), layout="constrained")
+    fig = Figure(figsize=(7.5, 0.6 * len(wide) + 2.2), layout="constrained")
     ax = fig.subplots()
     left = pd.Series(0.0, index=wide.index)
     palette = sns.color_palette("tab20", len(wide.columns))
@@ -139,7 +140,7 @@ def benchmark_figures(table: pd.DataFrame) -> list[Figure]:
         rows = rows[rows["speedup"].notna()]
         if rows.empty:
             continue
-        fig = Figure(figsize=(7, 0.45 * rows["case"].nunique() + 1.6), layout="constrained")
+        fig = Figure(figsize=(5.6, 0.45 * rows["case"].nunique() + 1.6), layout="constrained")
         ax = fig.subplots()
         for impl, part in rows.groupby("impl", sort=False):
             ax.plot(part["speedup"], part["case"].astype(str), "o", color=_color(impl), label=impl,
@@ -229,8 +230,14 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
                        + grid["H"].astype(str) + "," + grid["D"].astype(str))
     panels = list(grid.groupby(["op", "pass"], sort=False))
     n_shapes = grid["shape"].nunique()
-    fig = Figure(figsize=(5 * max(1, len(panels)), 0.3 * n_shapes + 1.8), layout="constrained")
-    axes = fig.subplots(1, max(1, len(panels)), sharey=True, squeeze=False)[0]
+    # at most three panels a row: six side by side drew 3,300 px, its text unreadable on the page
+    cols = min(3, max(1, len(panels)))
+    rows_of_panels = -(-max(1, len(panels)) // cols)
+    fig = Figure(figsize=(4.2 * cols + 1.5, rows_of_panels * (0.25 * n_shapes + 1.4)),
+                 layout="constrained")
+    axes = fig.subplots(rows_of_panels, cols, sharey=True, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     for ax, ((op, pass_), rows) in zip(axes, panels):
         for impl, column in (("triton", "ours_x_floor"), ("fla", "fla_x_floor")):
             part = rows[rows[column].notna()] if column in rows else rows.iloc[:0]
@@ -245,7 +252,8 @@ def kernel_grid_figure(grid: pd.DataFrame) -> Figure:
         ax.set_xlabel("time / floor (x, lower is better)")
         ax.set_title(f"{op} {pass_}")
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_ylabel("B,T,H,D")
+    for ax in axes[::cols]:
+        ax.set_ylabel("B,T,H,D")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper")
@@ -267,6 +275,9 @@ def time_to_loss_figure(curves: dict[str, list[dict]], target: float | None = No
             ax.axhline(target, color="black", linestyle="--", linewidth=0.8)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    # token counts in engineering units (400k, 1.2M): plain integers ran together on the axis
+    axes[1].xaxis.set_major_formatter(EngFormatter(sep=""))
+    axes[1].xaxis.set_major_locator(MaxNLocator(5))
     axes[0].set_ylabel("validation loss (nats per token)")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper")
     fig.suptitle("time to target: validation loss against time and tokens")

@@ -19,8 +19,8 @@ def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def latent_line(metrics_dir: Path) -> str:
-    study = _json(metrics_dir / "study.json")
+def latent_line(results_dir: Path) -> str:
+    study = _json(results_dir / "study.json")
     if not study or not study.get("enabled"):
         return "Latent thoughts: no study in this run (study.enabled, or the train stage did not run)."
     lines = [line for line in study.get("verdict") or []
@@ -28,8 +28,8 @@ def latent_line(metrics_dir: Path) -> str:
     return "Latent thoughts (this run's study, suffix NLL, paired): " + "; ".join(lines) + "."
 
 
-def switches_line(metrics_dir: Path) -> str:
-    ablate = _json(metrics_dir / "ablate.json")
+def switches_line(results_dir: Path) -> str:
+    ablate = _json(results_dir / "ablate.json")
     if not ablate:
         return "Speed switches: the ablate stage wrote no verdicts."
     rows = {k: v for k, v in ablate.items() if isinstance(v, dict) and "verdict" in v
@@ -59,19 +59,21 @@ def kernels_line(bench_records: Path) -> str:
 
 
 def changed_line(summary: pd.DataFrame) -> str:
+    """What moved beyond its noise against the last commit and against each `dvc exp` run."""
     if summary.empty:
         return "What changed: nothing to compare (no earlier metrics)."
-    last = summary[summary["compared with"] == "last commit"]
-    moved = last[last["verdict"].astype(str).str.contains("better|worse", case=False)]
-    if last.empty:
-        return "What changed: the last commit has no metrics to compare with."
-    if moved.empty:
-        return f"What changed since the last commit: none of {len(last)} headline metrics beyond their noise."
-    return ("What changed since the last commit: " + "; ".join(
-        f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows()) + ".")
+    parts = []
+    for other, rows in summary.groupby("compared with", sort=False):
+        moved = rows[rows["verdict"].astype(str).str.contains("better|worse", case=False)]
+        parts.append(f"against {other}: " + ("; ".join(f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows())
+                                             if not moved.empty else
+                                             f"none of {len(rows)} headline metrics beyond their noise"))
+    if not any(p.startswith("against last commit") for p in parts):
+        parts.insert(0, "the last commit has no metrics to compare with")
+    return "What changed: " + "; ".join(parts) + "."
 
 
-def headline(metrics_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:
+def headline(results_dir: Path, bench_records: Path, summary: pd.DataFrame) -> list[str]:
     """The first screen's four lines."""
-    return [latent_line(Path(metrics_dir)), switches_line(Path(metrics_dir)),
+    return [latent_line(Path(results_dir)), switches_line(Path(results_dir)),
             kernels_line(Path(bench_records)), changed_line(summary)]

@@ -20,9 +20,11 @@ import torch
 from ltm.report import compare
 from ltm.bench.kernel_grid import grid_summary
 from ltm.report.figures import (ablate_figure, benchmark_figures, kernel_grid_figure, latent_by_steps,
-                         latent_figure, loss_figure, prior_figure, time_to_loss_figure)
+                         latent_figure, loss_figure, prior_figure, profile_figure,
+                         time_to_loss_figure)
 from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
+from ltm.report.render import human
 from ltm.report.gpu import Section
 from ltm.report.study import bound_figure, encoder_table, study_table
 
@@ -45,12 +47,12 @@ def _flat_table(metrics: dict) -> pd.DataFrame:
     return flat.rename_axis("metric").reset_index()
 
 
-def study_section(metrics_dir: Path, records_dir: Path | None = None) -> Section:
+def study_section(results_dir: Path, records_dir: Path | None = None) -> Section:
     """The report's first section: the latent study's verdict, its table, what the encoder buys
     and the bound by inference steps; then the study and the latent step's cost recorded on a
     GPU (records_dir: JSON with `study` and `speed`, see records/gpu/study)."""
     title = "Do latent thoughts carry information? The verdict"
-    path = Path(metrics_dir) / "study.json"
+    path = Path(results_dir) / "study.json"
     study = json.loads(path.read_text()) if path.is_file() else None
     recorded = [] if records_dir is None or not Path(records_dir).is_dir() else \
         read_records(records_dir, "speed", "GPU study")
@@ -117,15 +119,15 @@ def settings_section(params_path: Path, env: dict) -> Section:
     return Section("Run settings", tables, [], note, folded=True)
 
 
-def data_section(metrics_dir: Path) -> Section:
-    metrics = _read_json(metrics_dir / "tokenize.json")
+def data_section(results_dir: Path) -> Section:
+    metrics = _read_json(results_dir / "tokenize.json")
     if metrics is None:
         return _missing("Data", "tokenize")
     return Section("Data", [_flat_table(metrics)], [], "The token cache this run trained on.",
                    folded=True)
 
 
-# the training metrics a reader looks at first; the full file is in reports/metrics/train.json
+# the training metrics a reader looks at first; the full file is in reports/results/train.json
 TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "seq_len",
               "train_loss_last10", "val_loss", "val_loss_noise", "tokens_per_s", "tokens_per_s_noise",
               "mfu", "peak_memory_mib", "seconds", "device", "torch",
@@ -133,8 +135,8 @@ TRAIN_KEYS = ("mixer", "kernel", "n_latent", "params", "steps", "batch_size", "s
               "optimizer", "target_loss", "time_to_target_s", "tokens_to_target")
 
 
-def train_section(metrics_dir: Path, plots_dir: Path) -> Section:
-    metrics = _read_json(metrics_dir / "train.json")
+def train_section(results_dir: Path, plots_dir: Path) -> Section:
+    metrics = _read_json(results_dir / "train.json")
     if metrics is None:
         return _missing("Training", "train")
     # the train stage writes each split to a file of its own (rows: step, seconds, loss)
@@ -180,14 +182,14 @@ def gpu_latent_tables(gpu_dir: Path | None) -> list[pd.DataFrame]:
     return tables
 
 
-def latent_section(metrics_dir: Path, plots_dir: Path | None = None,
+def latent_section(results_dir: Path, plots_dir: Path | None = None,
                    gpu_dir: Path | None = None) -> Section:
     """The latent model against the plain ones (the train stage's comparison, ltm.train.counterpart):
     its bound and prefix NLL by inference steps, the table at equal tokens and FLOPs and, with
     plots_dir/compare_loss.csv, every model's validation loss against tokens and FLOPs; then the
     same recorded on GPUs (gpu_dir)."""
     title = "Latent thoughts"
-    metrics = _read_json(metrics_dir / "train.json") or {}
+    metrics = _read_json(results_dir / "train.json") or {}
     # the latent model's curves: train.json's latent_model (with counterparts), else the
     # configured model's own (a latent model trained alone)
     latent = metrics.get("latent_model") or (metrics if metrics.get("val_nelbo_by_steps") else None)
@@ -230,19 +232,18 @@ PRIOR_TABLE = {"source": "source", "sampler": "sampler", "evaluations": "evaluat
                "gen_nll_noise": "gen. NLL noise", "token_entropy": "token entropy (nats)"}
 
 
-def prior_section(metrics_dir: Path, plots_dir: Path) -> Section:
+def prior_section(results_dir: Path, plots_dir: Path) -> Section:
     """The learned prior over latent thoughts (ltm.latent.prior; trained by the train stage, measured
     by the benchmark stage): steps against quality, beside N(0, I) and the plain LM."""
     title = "A learned prior over latent thoughts"
     table = _read_csv(plots_dir / "prior.csv")
-    metrics = _read_json(metrics_dir / "prior.json") or {}
-    trained = _read_json(metrics_dir / "prior_train.json") or {}
+    metrics = _read_json(results_dir / "prior.json") or {}
+    trained = _read_json(results_dir / "prior_train.json") or {}
     if table is None or table.empty:
         why = metrics.get("skipped") or trained.get("skipped") or "the benchmark stage measured none"
         return Section(title, [], [], f"No prior results: {why}.")
     shown = table[[c for c in PRIOR_TABLE if c in table]].rename(columns=PRIOR_TABLE)
-    headline = {k: v for k, v in metrics.items() if k != "by_source"}
-    tables = [shown, pd.DataFrame({"metric": list(headline), "value": [str(v) for v in headline.values()]})]
+    tables = [shown] + prior_answer_tables(metrics)
     note = (f"A DiT denoiser over z ({trained.get('params', '?')} weights, {trained.get('steps', '?')} "
             f"steps) trained on posterior samples of {trained.get('train_sequences', '?')} training "
             f"sequences, fitted by the latent model's own inner loop "
@@ -259,17 +260,46 @@ def prior_section(metrics_dir: Path, plots_dir: Path) -> Section:
             "entropy: of each sequence's token frequencies (low = repetition). N(mean, std) fit: "
             "the training posteriors' per-dimension Gaussian, what the prior's normalisation alone "
             "gives; the denoiser earns only its lead over that row.")
+    if "fewest_dpm_evaluations_matching_ddpm" in metrics:
+        note += (f" Answers: DPM-Solver++ matches the 1000-step DDPM from "
+                 f"{metrics['fewest_dpm_evaluations_matching_ddpm']} evaluations "
+                 f"({human(metrics.get('fewer_evaluations_x'))}x fewer); the prior's MMD^2 is "
+                 f"{human(metrics.get('prior_mmd2_over_best_gaussian'))} times the best Gaussian's "
+                 f"({metrics.get('best_gaussian', '?')}).")
     return Section(title, tables, [prior_figure(table)], note)
 
 
-def ablate_section(plots_dir: Path) -> Section:
+def prior_answer_tables(metrics: dict) -> list[pd.DataFrame]:
+    """The prior benchmark's answers as two small tables: DPM-Solver++ at each number of
+    evaluations against the 1000-step DDPM (ratios), and the pairwise verdicts per distance."""
+    ratios = [{"DPM-Solver++ evaluations": int(key[3:-len("_mmd2_ratio_to_ddpm")]),
+               "MMD^2 / DDPM's": value,
+               "gen. perplexity / DDPM's": metrics.get(key.replace("mmd2", "gen_ppl"))}
+              for key, value in metrics.items() if key.startswith("dpm") and key.endswith("_mmd2_ratio_to_ddpm")]
+    verdicts = metrics.get("verdicts") or {}
+    pairs = sorted({pair for by_pair in verdicts.values() for pair in by_pair})
+    verdict_rows = [{"comparison": pair, **{name: verdicts[name].get(pair, "") for name in verdicts}}
+                    for pair in pairs]
+    return [pd.DataFrame(rows) for rows in (ratios, verdict_rows) if rows]
+
+
+def ablate_section(plots_dir: Path, results_dir: Path | None = None) -> Section:
+    """The verdict of each change and, from the ablate stage's results, where a training step's
+    time goes (the baseline's and the final configuration's profile by operation group)."""
     table = _read_csv(plots_dir / "ablate.csv")
     if table is None:
         return _missing("Ablation verdicts", "ablate")
     note = ("Each change against the baseline on the same validation batches; see the ablate "
             "stage's notebook for the protocol; reports/plots/ablate.csv holds every column.")
     shown = [c for c in ABLATE_COLUMNS if c in table]
-    return Section("Ablation verdicts", [table[shown]], [ablate_figure(table)], note)
+    figures = [ablate_figure(table)]
+    results = _read_json(Path(results_dir) / "ablate.json") if results_dir else None
+    profile = pd.DataFrame([{"config": config, "group": group, "ms": ms}
+                            for config, groups in ((results or {}).get("profile") or {}).items()
+                            for group, ms in groups.items()])
+    if not profile.empty:
+        figures.append(profile_figure(profile))
+    return Section("Ablation verdicts", [table[shown]], figures, note)
 
 
 # the ablate table's columns on the page

@@ -20,10 +20,10 @@ NOTE = ("Multi-query associative recall (ltm/data/recall.py): {n_pairs} key-valu
         "guess. {seconds:.0f} s on {device}.")
 
 
-def recall_section(metrics_dir: Path, plots_dir: Path, commit: str | None = None) -> Section:
+def recall_section(results_dir: Path, plots_dir: Path, commit: str | None = None) -> Section:
     """The report's recall section: the summary line, the figure and the table by mixer and bin."""
     title = "Recall against distance"
-    path, plot = Path(metrics_dir) / "recall.json", Path(plots_dir) / "recall.csv"
+    path, plot = Path(results_dir) / "recall.json", Path(plots_dir) / "recall.csv"
     metrics = json.loads(path.read_text()) if path.is_file() else None
     if not metrics or not metrics.get("enabled") or not plot.is_file():
         why = "benchmark.recall.enabled is false" if metrics else "the benchmark stage wrote no recall.json"

@@ -35,20 +35,33 @@ def _anchor(title: str) -> str:
 
 
 def _table_html(table: pd.DataFrame) -> str:
+    # numbers in mixed (object) columns formatted like the float columns' (pandas applies
+    # float_format to float columns only)
+    table = table.apply(lambda col: col.map(lambda v: human(v) if isinstance(v, float) else v)
+                        if col.dtype == object else col)
     # no index column; a wide table scrolls inside its box, never the page
-    return ('<div class=tw>' + table.to_html(float_format=human, border=0, na_rep="", index=False)
-            + "</div>")
+    body = table.to_html(float_format=human, border=0, na_rep="", index=False)
+    # pandas writes a newline inside a cell as the two characters \\n (generated text is full of
+    # them): a line break on the page
+    return '<div class=tw>' + body.replace("\\n", "<br>") + "</div>"
 
 
 def _section_html(section: Section, dpi: int) -> str:
     parts = [f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>']
-    if section.note:
-        parts.append(f"<p>{html.escape(section.note)}</p>")
-    body = ([_figure_html(fig, dpi) for fig in section.figures]
-            + [_table_html(table) for table in section.tables])
-    if section.folded and body:
+    note, details = section.note or "", ""
+    if section.folded:  # a folded section's first sentence shows, the rest (record lists) folds
+        head, sep, rest = note.partition(". ")
+        note, details = (head + "." if sep else head), rest
+    if note:
+        parts.append(f"<p>{html.escape(note)}</p>")
+    # figures, then tables, each in a row that wraps: narrow ones sit side by side
+    body = [f"<div class=row>{''.join(items)}</div>" for items in (
+        [_figure_html(fig, dpi) for fig in section.figures],
+        [_table_html(table) for table in section.tables]) if items]
+    if section.folded and (body or details):
         count = f"{len(section.figures)} figures, {len(section.tables)} tables"
-        body = [f"<details><summary>show ({count})</summary>"] + body + ["</details>"]
+        body = ([f"<details><summary>show ({count})</summary>"]
+                + ([f"<p>{html.escape(details)}</p>"] if details else []) + body + ["</details>"])
     return "".join(parts + body)
 
 
@@ -64,14 +77,18 @@ def render_html(title: str, sections: list[Section], env: dict, dpi: int,
         f'<li><a href="#{_anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
         + "</ol></nav>")
     parts += [_section_html(section, dpi) for section in sections]
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    # the page fills a 1440-px window (two 650-px figures side by side); prose keeps a readable
+    # line length
+    style = ("body{font-family:sans-serif;max-width:1380px;margin:1.5em auto;padding:0 1em;color:#222}"
+             "p{max-width:1100px}.row{display:flex;flex-wrap:wrap;gap:0.5em 2em;"
+             "align-items:flex-start}.row>*{min-width:0}"
              "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
              "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;"
              "max-width:24em;overflow-wrap:break-word}"
              ".tw{overflow-x:auto;max-width:100%}"
              ".headline{border:2px solid #1f77b4;border-radius:6px;padding:0.2em 1em;"
              "background:#f4f8fc;font-size:0.95em}.headline li{margin:0.3em 0}"
-             "nav{font-size:0.9em;columns:2}nav ol{margin:0.3em 0}"
+             "nav{font-size:0.9em;columns:3}nav ol{margin:0.3em 0}"
              ".env{color:#666;font-size:0.85em}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")

@@ -27,24 +27,26 @@ class ReportConfig:
     dpi: int = 110  # resolution of the embedded figures
 
 
-def report_stage(params_path: str | Path, metrics_dir: str | Path, plots_dir: str | Path,
-                 bench_records: str | Path, gpu_records: str | Path, output: str | Path,
-                 samples_path: str | Path | None = None) -> list[Section]:
-    """Build the report from whatever the stages wrote, and the GPU records (kernel benchmarks in
-    `bench_records`, training runs in `gpu_records`, ablate runs in its ablate/) as history;
-    returns the sections for the notebook. Paths come from dvc.yaml."""
+def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: str | Path,
+                 plots_dir: str | Path, bench_records: str | Path, gpu_records: str | Path,
+                 output: str | Path, samples_path: str | Path | None = None) -> list[Section]:
+    """Build the report from whatever the stages wrote (their results files, and their headline
+    metrics for the comparison with the last commit and each experiment), and the GPU records
+    (kernel benchmarks in `bench_records`, training runs in `gpu_records`, ablate runs in its
+    ablate/) as history; returns the sections for the notebook. Paths come from dvc.yaml."""
     cfg = load_section(ReportConfig, "report", params_path)
-    metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
+    results, plots_dir = Path(results_dir), Path(plots_dir)
     sns.set_theme(style="whitegrid")
     env = environment()
-    summary = summary_section(metrics_dir)
-    lines = headline(metrics_dir, Path(bench_records),
+    summary = summary_section(Path(metrics_dir))
+    lines = headline(results, Path(bench_records),
                      summary.tables[0] if summary.tables else pd.DataFrame())
-    sections = [study_section(metrics_dir, Path(gpu_records) / "study"), summary, settings_section(Path(params_path), env),
-                data_section(metrics_dir), train_section(metrics_dir, plots_dir),
-                latent_section(metrics_dir, plots_dir, Path(gpu_records)),
-                prior_section(metrics_dir, plots_dir), ablate_section(plots_dir),
-                benchmark_section(plots_dir), recall_section(metrics_dir, plots_dir, env["commit"]),
+    sections = [study_section(results, Path(gpu_records) / "study"), summary,
+                settings_section(Path(params_path), env),
+                data_section(results), train_section(results, plots_dir),
+                latent_section(results, plots_dir, Path(gpu_records)),
+                prior_section(results, plots_dir), ablate_section(plots_dir, results),
+                benchmark_section(plots_dir), recall_section(results, plots_dir, env["commit"]),
                 samples_section(Path(samples_path) if samples_path else None),
                 kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),

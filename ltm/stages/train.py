@@ -9,8 +9,12 @@ Every speed optimisation is a switch under `train.opt` (see `ltm.train.settings.
 picks per device. The data position is a micro-batch index (see ltm.data.batches), checkpoints are in
 ltm.train.checkpoint.
 
-    python -m ltm.stages.train [--params params.yaml] [--set model.mixer=deltanet ...]
+    python -m ltm.stages.train [--params params.yaml] [--set model.mixer=deltanet ...] [--out DIR]
     torchrun --nproc_per_node=N -m ltm.stages.train [--params ...]
+
+The command trains the model and its counterparts (`train_stage`) into runs/train/ by default
+(checkpoints, train.json, train_loss.csv), never into the stage's outputs, which DVC tracks; the
+stage itself also trains the prior, samples text and runs the study (the train notebook).
 """
 from __future__ import annotations
 
@@ -28,7 +32,6 @@ from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
 from ltm.latent.prior import PriorConfig
 from ltm.params import ParamsError, load_section, read_params
-from ltm.pipeline import stage_paths
 from ltm.study.run import study_from_params
 from ltm.train.counterpart import train_with_counterparts
 from ltm.train.prior_trainer import train_stage_prior
@@ -109,22 +112,30 @@ def study_stage(params_path: str | Path, metrics_path: str | Path, progress: boo
     return study_from_params(params_path, metrics_path, progress, say)
 
 
+# where `python -m ltm.stages.train` writes unless told: outside every DVC output (git-ignored)
+DEFAULT_OUT = "runs/train"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Train an LTM from a params file.")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one parameter, e.g. --set model.mixer=deltanet")
-    # default (None): the train stage's paths in dvc.yaml
-    parser.add_argument("--out-dir", help="checkpoint folder")
-    parser.add_argument("--metrics", help="metrics JSON")
-    parser.add_argument("--plot", help="loss-curve CSV")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"folder of the run: checkpoints, train.json, train_loss.csv "
+                             f"(default {DEFAULT_OUT}; the stage's own outputs stay DVC's)")
+    parser.add_argument("--out-dir", help="checkpoint folder (default: OUT/checkpoints)")
+    parser.add_argument("--metrics", help="metrics JSON (default: OUT/train.json)")
+    parser.add_argument("--plot", help="loss-curve CSV (default: OUT/train_loss.csv)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args()
     try:
-        paths = stage_paths("train", checkpoint_dir=args.out_dir, metrics_path=args.metrics,
-                            plot_path=args.plot)
-        train_stage(args.params, **paths, overrides=args.set, progress=not args.no_progress)
+        out = Path(args.out)
+        train_stage(args.params, checkpoint_dir=args.out_dir or str(out / "checkpoints"),
+                    metrics_path=args.metrics or str(out / "train.json"),
+                    plot_path=args.plot or str(out / "train_loss.csv"),
+                    overrides=args.set, progress=not args.no_progress)
     except Exception as err:  # one line for the user: the traceback is behind --debug
         if args.debug:
             raise

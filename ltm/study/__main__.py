@@ -1,6 +1,6 @@
 """The latent study alone, from a params file (its `data` and `study` sections):
 
-    python -m ltm.study [--params params.yaml] [--out reports/metrics/study.json] [--no-progress]
+    python -m ltm.study [--params params.yaml] [--out reports/results/study.json] [--no-progress]
 
 The train stage runs the same (ltm.stages.train.study_stage); this is for another profile, e.g.
 configs/gpu-study.yaml on a GPU. Prints the verdict; the metrics go to --out.
@@ -17,7 +17,7 @@ from ltm.study.run import study_from_params
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The latent study (ltm.study) from a params file.")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="reports/metrics/study.json")
+    parser.add_argument("--out", default="reports/results/study.json")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:

@@ -98,7 +98,8 @@ def train_model(module: nn.Module, source: StudySource, cfg: StudyConfig, steps:
     generator = torch.Generator().manual_seed(cfg.seed)
     losses = []
     module.train()
-    for _ in tqdm(range(steps), desc=desc, disable=not progress, leave=False):
+    # disable None: a bar on a terminal only, never kept update by update in a stored notebook
+    for _ in tqdm(range(steps), desc=desc, disable=None if progress else True, leave=False):
         x, y = (t.to(source.val_x.device) for t in source.sample(cfg.batch_size, generator))
         loss = module(x, y)
         if not math.isfinite(loss.item()):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 import torch
 
@@ -133,6 +134,22 @@ def _equal_flops_counterpart(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir
     return _row(PLAIN_FLOPS, role, result, plain_flops), steps
 
 
+def remove_stale_counterparts(out_dir: Path, used: set[str], say=print) -> list[Path]:
+    """Delete the counterpart folders in out_dir that this configuration does not train (left by
+    an earlier one: a plain run's latent counterpart after a switch to a latent model, say), so
+    that no old checkpoint is taken for this run's; returns those removed."""
+    removed = []
+    for name, folder in SUBFOLDERS.items():
+        path = Path(out_dir) / folder
+        if name not in used and path.is_dir():
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        say(f"removed the checkpoints of counterparts this run does not train: "
+            f"{', '.join(str(p) for p in removed)}")
+    return removed
+
+
 def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
                             out_dir: str | Path, progress: bool = True,
                             say=print) -> TrainResult:
@@ -142,10 +159,13 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
     `counterparts` (each counterpart's metrics), and `compared` holds every model's loss curve
     (history rows with a `model` key)."""
     cp, out_dir = cfg.counterpart, Path(out_dir)
+    latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
+    used = set() if not cp.enabled else {PLAIN if latent_main else LATENT} | (
+        {PLAIN_FLOPS} if cp.equal_flops else set())
+    remove_stale_counterparts(out_dir, used, say)
     main = run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
     if not cp.enabled:
         return main
-    latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
     resolved = with_vocab(model_cfg, cache_dir, "synthetic" if cfg.data == "synthetic" else "cache")
     runs: dict[str, tuple[str, TrainResult, float]] = {}
     main_name = LATENT if latent_main else PLAIN

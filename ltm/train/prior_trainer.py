@@ -10,7 +10,7 @@ windows by the latent model's own inner loop, with the train.latent settings it 
 fresh draws z = mu + sigma * eps of those posteriors, i.e. on their mixture, the aggregate
 posterior; prior.heldout_sequences validation windows get theirs too, for the benchmark.
 
-    metrics = prior_stage("params.yaml", "data/checkpoints", "reports/metrics/prior_train.json")
+    metrics = prior_stage("params.yaml", "data/checkpoints", "reports/results/prior_train.json")
 """
 from __future__ import annotations
 

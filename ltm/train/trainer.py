@@ -253,8 +253,10 @@ class Trainer:
         # steps before the clock starts: compilation and allocator warm-up are not throughput
         warm = min(cfg.timing_warmup, cfg.steps - start_step - 1)
         timing = {"data_wait": 0.0, "excluded": 0.0, "start": time.perf_counter()}
+        # None: a bar on a terminal only; a kernel's stderr is no terminal, and a stored notebook
+        # would keep every update of it
         bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
-                   disable=not self.progress or self.rank != 0)
+                   disable=None if self.progress and self.rank == 0 else True)
         batches, started = self.loader(), time.perf_counter()
         # wall-clock seconds of this run, continued from the last row of a resumed history
         self.clock = (started, self.history[-1].get("seconds", 0.0) if self.history else 0.0)
@@ -278,6 +280,8 @@ class Trainer:
         self.synchronize()
         metrics = self.metrics(timing, start_step + warm, time.perf_counter() - started)
         self.save(metrics)
+        if bar.disable:  # no bar showed it: one line per trained model
+            self.say(summary_line(metrics, self.path))
         return TrainResult(metrics, self.history, self.path)
 
     def validate(self, val) -> None:
@@ -381,6 +385,15 @@ class Trainer:
             # last, so that its time stays out of the timings above
             **self.final_evaluation(),
         }
+
+
+def summary_line(metrics: dict, path: Path) -> str:
+    """One line for a finished run: steps, losses (the validation loss named a bound for a latent
+    model), speed and where the checkpoint is."""
+    val = "val NLL bound" if metrics.get("n_latent") else "val NLL"
+    speed = f", {metrics['tokens_per_s']:,.0f} tokens/s" if metrics.get("tokens_per_s") else ""
+    return (f"trained {metrics['steps']} steps in {metrics['seconds']:.0f} s: train loss "
+            f"{metrics['train_loss']:.3f}, {val} {metrics['val_loss']:.3f}{speed} -> {path}")
 
 
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str, out_dir: str,

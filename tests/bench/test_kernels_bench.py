@@ -100,3 +100,19 @@ def test_floor_ms_is_the_slower_of_moving_the_bytes_and_doing_the_flops():
     compute_bound = {"copy_bytes_per_s": nbytes / 1e-3, "matmul_flops_per_s": flops / 3e-3}
     assert floor_ms("delta_rule", 8, 2048, 8, 128, 2, True, memory_bound) == pytest.approx(2.0)
     assert floor_ms("delta_rule", 8, 2048, 8, 128, 2, True, compute_bound) == pytest.approx(3.0)
+
+
+def test_the_titans_rows_time_the_same_function_by_both_forms():
+    """The memory's kernel rows: its token loop and chunked form on the bench's own inputs
+    compute the same outputs, and a run times both at the short length."""
+    import torch
+
+    from ltm.bench.kernels import KernelBenchConfig, implementations, make_inputs, run
+    x = make_inputs("titans", 1, 37, 2, 8, torch.float64, "cpu")
+    impls = implementations("titans", torch.device("cpu"))
+    assert set(impls) == {"naive", "torch_chunk"}
+    torch.testing.assert_close(impls["torch_chunk"](x), impls["naive"](x), rtol=1e-9, atol=1e-9)
+    rows = run(KernelBenchConfig(shapes=[[1, 20, 1, 8]], naive_tokens=8, ops=["titans"],
+                                 warmup_ms=1, rep_ms=1), torch.device("cpu"))
+    assert {(r["impl"], r["T"]) for r in rows} >= {("torch_chunk", 20), ("naive@short", 8),
+                                                  ("torch_chunk@short", 8)}

@@ -6,17 +6,26 @@ from ltm.report.compare import changed_params, flatten, is_change, metrics_at, s
 
 
 def test_a_change_beyond_the_noise_is_marked_better_or_worse():
-    now = {"train.json": {"val_loss": 3.0, "val_loss_noise": 0.01, "tokens_per_s": 90.0,
-                          "tokens_per_s_noise": 1.0}}
-    then = {"train.json": {"val_loss": 3.1, "val_loss_noise": 0.01, "tokens_per_s": 100.0,
-                           "tokens_per_s_noise": 1.0}}
-    close = {"train.json": {"val_loss": 3.02, "val_loss_noise": 0.01}}
+    now = {"train.json": {"lm": {"val_nll": 3.0, "val_nll_noise": 0.01, "tokens_per_s": 90.0,
+                                 "tokens_per_s_noise": 1.0}}}
+    then = {"train.json": {"lm": {"val_nll": 3.1, "val_nll_noise": 0.01, "tokens_per_s": 100.0,
+                                  "tokens_per_s_noise": 1.0}}}
+    close = {"train.json": {"lm": {"val_nll": 3.02, "val_nll_noise": 0.01}}}
     table = summary_table(now, {"a": then, "b": close})
     verdicts = {(r["metric"].split(" ")[0], r["compared with"]): r["verdict"]
                 for r in table.to_dict("records")}
     assert verdicts[("validation", "a")] == "better" and verdicts[("training", "a")] == "worse"
     assert verdicts[("validation", "b")] == "within noise"
     assert verdicts[("training", "b")] == "not measured then"
+
+
+def test_a_bound_is_never_compared_with_an_nll():
+    """A latent run's bound and a plain run's NLL have different names: no row pairs them."""
+    latent = {"train.json": {"lm": {"val_nll_bound": 20.0, "val_nll_bound_noise": 0.1}}}
+    plain = {"train.json": {"lm": {"val_nll": 5.5, "val_nll_noise": 0.01}}}
+    table = summary_table(latent, {"last commit": plain})
+    assert not table["metric"].str.startswith("validation NLL (").any()
+    assert (table["then"].isna() | (table["then"] != 5.5)).all()
 
 
 @pytest.mark.parametrize("delta, noise, expected", [

@@ -36,9 +36,13 @@ def test_what_changed_counts_only_moves_beyond_the_noise():
     table = pd.DataFrame([{"metric": "val", "compared with": "last commit", "verdict": "worse"},
                           {"metric": "tok/s", "compared with": "last commit", "verdict": "within noise"},
                           {"metric": "val", "compared with": "exp a", "verdict": "better"}])
-    assert changed_line(table) == "What changed since the last commit: val worse."
+    assert changed_line(table) == "What changed: against last commit: val worse; against exp a: val better."
     calm = table.assign(verdict="within noise")
-    assert changed_line(calm).endswith("none of 2 headline metrics beyond their noise.")
+    assert changed_line(calm) == ("What changed: against last commit: none of 2 headline metrics "
+                                  "beyond their noise; against exp a: none of 1 headline metrics "
+                                  "beyond their noise.")
+    only_exp = table[table["compared with"] == "exp a"]
+    assert changed_line(only_exp).startswith("What changed: the last commit has no metrics")
 
 
 def test_the_kernel_line_names_the_reference_it_was_measured_against(tmp_path):

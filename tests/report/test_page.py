@@ -135,3 +135,19 @@ def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
     assert {"op", "pass", "geomean_x_fla", "worst_x_fla"} <= set(summary)
     assert len(per_record) == len(list(records.glob("*.json"))) and section.folded
     assert per_record["rows"].sum() > 100  # the raw rows are counted, not shown
+
+
+def test_the_ablation_section_shows_where_a_step_goes(tmp_path):
+    from ltm.report.page import ablate_section
+    pd.DataFrame({"switch": ["baseline", "train.opt.fused_loss=true"], "speedup": [1.0, 1.2],
+                  "verdict": ["BASELINE", "PASS"], "delta_val_loss": [0.0, 0.0],
+                  "speedup_low": [0.9, 1.1], "speedup_high": [1.1, 1.3]}).to_csv(
+        tmp_path / "ablate.csv", index=False)
+    without = ablate_section(tmp_path)
+    (tmp_path / "ablate.json").write_text(json.dumps(
+        {"profile": {"baseline": {"MLP": 30.0, "loss": 40.0}, "final": {"MLP": 30.0, "loss": 20.0}}}))
+    with_profile = ablate_section(tmp_path, tmp_path)
+    assert len(with_profile.figures) == len(without.figures) + 1
+    profile = with_profile.figures[-1]
+    assert profile.axes[0].get_title() == "where a training step's time goes"
+    assert {t.get_text() for t in profile.axes[0].get_yticklabels()} == {"baseline", "final"}

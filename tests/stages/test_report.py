@@ -10,11 +10,12 @@ from ltm.stages.report import report_stage
 
 
 def _write_inputs(root):
-    metrics, plots = root / "metrics", root / "plots"
-    metrics.mkdir()
-    plots.mkdir()
-    (metrics / "tokenize.json").write_text(json.dumps({"documents": 3, "tokens": 1234}))
-    (metrics / "train.json").write_text(json.dumps({"val_loss": 3.21, "tokens_per_s": 999.0}))
+    metrics, results, plots = root / "metrics", root / "results", root / "plots"
+    for folder in (metrics, results, plots):
+        folder.mkdir()
+    (results / "tokenize.json").write_text(json.dumps({"documents": 3, "tokens": 1234}))
+    (results / "train.json").write_text(json.dumps({"val_loss": 3.21, "tokens_per_s": 999.0}))
+    (metrics / "train.json").write_text(json.dumps({"lm": {"val_nll": 3.21, "tokens_per_s": 999.0}}))
     # as the train stage writes them: each split in a file of its own
     pd.DataFrame({"step": [0, 10], "seconds": [0.1, 1.0],
                   "loss": [7.0, 5.0]}).to_csv(plots / "train_loss.csv", index=False)
@@ -49,15 +50,15 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     _git(tmp_path, "add", ".")
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
     params.write_text(params.read_text().replace("lr: 0.003", "lr: 0.002"))
-    (metrics / "train.json").write_text(json.dumps({"val_loss": 3.01, "val_loss_noise": 0.02,
-                                                    "tokens_per_s": 1001.0, "tokens_per_s_noise": 30.0}))
+    (metrics / "train.json").write_text(json.dumps({"lm": {
+        "val_nll": 3.01, "val_nll_noise": 0.02, "tokens_per_s": 1001.0, "tokens_per_s_noise": 30.0}}))
     out = tmp_path / "report.html"
-    sections = report_stage(params, Path("metrics"), Path("plots"), tmp_path / "bench",
-                            tmp_path / "gpu", out)
+    sections = report_stage(params, Path("metrics"), Path("results"), Path("plots"),
+                            tmp_path / "bench", tmp_path / "gpu", out)
     assert [s.title for s in sections] == SECTIONS
     assert "no study.json" in sections[0].note
     summary = sections[1].tables[0].set_index("metric")
-    val = summary.loc["validation loss (nats/token; a bound for latent models)"]
+    val = summary.loc["validation NLL (nats/token)"]
     assert val["then"] == 3.21 and val["this run"] == 3.01
     # the last commit recorded no noise: the report says so rather than guess
     assert val["verdict"] == "noise not measured"
@@ -75,6 +76,6 @@ def test_report_compares_with_the_last_commit_and_shows_every_section(tmp_path, 
     assert page.count("data:image/png;base64,") == 2  # the loss curves and the ablation
     # the first screen: the headline box, then the contents; no index column in any table
     assert page.index("class=headline") < page.index("<nav>") < page.index("<h2")
-    assert "Latent thoughts: no study in this run" in page and "What changed since" in page
+    assert "Latent thoughts: no study in this run" in page and "What changed: against last commit" in page
     assert '<th></th>' not in page and "train.lr 0.003 -&gt; 0.002" in page
     assert "the benchmark stage has not written its metrics" in page

@@ -1,0 +1,217 @@
+"""The Titans mixer (MAG and MAL): the chunked memory against the token loop inside the layer,
+parallel forward against prefill + decoding, gradients, config checks, torch.compile without
+graph breaks, and a tiny model that learns. float64 unless stated."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltm.model.config import ModelConfig
+from ltm.model.decoding import Sampling, generate_tokens
+from ltm.model.lm import LTM, build_mixer
+from ltm.model.mixers import make_mixer
+from ltm.model.titans import Titans
+from ltm.params import ParamsError, from_mapping
+from reference import case_seed, rel_err
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 37
+VARIANTS = {"mag-deep": dict(titans_arrangement="mag", titans_depth=2),
+            "mal-deep": dict(titans_arrangement="mal", titans_depth=3),
+            "mag-linear": dict(titans_arrangement="mag", titans_depth=1, titans_grad_clip=None)}
+
+
+def build(settings: dict, kernel: str = "torch", H: int = 3, D: int = 8, seed: int = 0) -> Titans:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=VOCAB, n_layers=2, d_model=H * D, n_heads=H, max_seq_len=64,
+                      mixer="titans", kernel=kernel, titans_window=5, titans_chunk_size=4,
+                      **settings)
+    mixer = Titans(cfg).double()
+    # the zero / constant inits would hide mistakes: perturb every parameter
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return mixer
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_chunked_memory_matches_the_token_loop_in_the_layer(name):
+    seed = case_seed()
+    mixer = build(VARIANTS[name], seed=seed)
+    x = torch.randn(2, 19, mixer.n_heads * mixer.head_dim, dtype=torch.float64)
+    cotangent = torch.randn_like(x)
+    results = {}
+    for kernel in ("naive", "torch"):
+        mixer.kernel = kernel
+        mixer.zero_grad()
+        xk = x.clone().requires_grad_()
+        y, _ = mixer(xk)
+        (y * cotangent).sum().backward()
+        results[kernel] = (y.detach(), {"x": xk.grad, **{n: p.grad.clone()
+                                                        for n, p in mixer.named_parameters()}})
+    (y_n, g_n), (y_t, g_t) = results["naive"], results["torch"]
+    assert rel_err(y_t, y_n) < 1e-10, f"seed={seed}"
+    for key in g_n:
+        assert rel_err(g_t[key], g_n[key]) < 1e-10, f"grad of {key}, seed={seed}"
+
+
+@pytest.mark.parametrize("kernel", ["naive", "torch"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_prefill_then_steps_equal_one_parallel_pass(name, kernel):
+    """A prefill of 7 tokens ends inside a memory chunk (4) and past the window (5): the steps
+    continue the chunk's mini-batch and slide the window over the KV cache."""
+    seed = case_seed()
+    mixer = build(VARIANTS[name], kernel, seed=seed)
+    x = torch.randn(2, 17, mixer.n_heads * mixer.head_dim, dtype=torch.float64)
+    y_parallel, no_state = mixer(x)
+    assert no_state is None
+    state = mixer.init_state(2, x.device, x.dtype)
+    outputs = []
+    for start, end in [(0, 7), (7, 9)] + [(t, t + 1) for t in range(9, 17)]:
+        y, state = mixer(x[:, start:end], state)
+        outputs.append(y)
+    assert state["pos"] == 17
+    assert rel_err(torch.cat(outputs, dim=1), y_parallel) < 1e-10, f"seed={seed}"
+
+
+def test_every_parameter_gets_a_gradient():
+    seed = case_seed()
+    for settings in VARIANTS.values():
+        mixer = build(settings, seed=seed)
+        x = torch.randn(2, 11, mixer.n_heads * mixer.head_dim, dtype=torch.float64)
+        mixer(x)[0].square().sum().backward()
+        for name, p in mixer.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}, seed={seed}"
+            assert torch.isfinite(p.grad).all(), f"{name}, seed={seed}"
+
+
+def test_the_mixer_factories():
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans")
+    assert isinstance(build_mixer(cfg, 0), Titans)
+    with pytest.raises(ValueError, match="built by ltm.model.lm.build_mixer") as info:
+        make_mixer(cfg, 0)
+    assert "\n" not in str(info.value)
+
+
+def test_gates_start_where_documented():
+    mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans"))
+    theta, alpha, eta = torch.sigmoid(mixer.gate_bias.detach()).view(3, 2)
+    assert torch.allclose(theta, torch.tensor(0.1)) and torch.allclose(alpha, torch.tensor(0.01))
+    assert torch.allclose(eta, torch.tensor(0.9))
+    # the memory's last layer starts at zero: it reads zero before learning anything
+    assert mixer.memory[-1].abs().sum() == 0 and mixer.memory[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("mapping, message", [
+    ({"mixer": "titans", "titans_arrangement": "mac"},
+     "model.titans_arrangement: expected 'mag' or 'mal', got 'mac'"),
+    ({"mixer": "titans", "titans_depth": 0}, "model.titans_depth: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_window": 0}, "model.titans_window: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_chunk_size": 0}, "model.titans_chunk_size: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_grad_clip": 0.0},
+     "model.titans_grad_clip: must be > 0 or null, got 0.0"),
+    ({"mixer": "titans", "kernel": "triton"},
+     "model.kernel: mixer 'titans' has no Triton kernel, use torch (chunked) or naive"),
+    ({"mixer": "titans", "kernel": "fla"}, "model.kernel: fla computes the titans memory only"),
+    ({"mixer": "titans", "d_model": 30, "n_heads": 10},
+     "model.d_model: attention needs an even head size for RoPE"),
+    ({"mixer": "titans", "window": 8}, "model.window: applies to mixer 'attention' only"),
+])
+def test_bad_config_is_one_clear_line(mapping, message):
+    with pytest.raises(ParamsError) as info:
+        from_mapping(ModelConfig, mapping, "model")
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def tiny_lm(seed: int = 0, **overrides) -> LTM:
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=VOCAB, n_layers=2, d_model=24, n_heads=3, d_ff=40, max_seq_len=48,
+                  mixer="titans", kernel="torch", titans_window=4, titans_chunk_size=4)
+    return LTM(ModelConfig(**{**fields, **overrides}))
+
+
+@pytest.mark.parametrize("arrangement", ["mag", "mal"])
+def test_greedy_generation_matches_the_uncached_loop(arrangement):
+    seed = case_seed()
+    model = tiny_lm(seed, titans_arrangement=arrangement).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    idx = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(seed))
+    got = model.generate(idx, max_new_tokens=8, temperature=0)
+    want = model.generate_uncached(idx, max_new_tokens=8, temperature=0)
+    assert torch.equal(got, want), f"seed={seed}"
+
+
+@pytest.mark.parametrize("kernel", ["naive", "torch"])
+@pytest.mark.parametrize("arrangement", ["mag", "mal"])
+def test_static_decoder_ragged_batch_gives_each_prompt_alone(arrangement, kernel):
+    """ltm.model.decoding (the samples stage's decoder): zeroed state = the initial memory, rows
+    at their own positions (tensor pos), float32 tokens equal to LTM.generate per prompt."""
+    model = tiny_lm(titans_arrangement=arrangement, kernel=kernel).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen) for n in (3, 9, 1, 6)]
+    alone = torch.cat([model.generate(p[None], max_new_tokens=10, temperature=0)[:, len(p):]
+                       for p in prompts])
+    assert torch.equal(generate_tokens(model, prompts, 10, Sampling(0)), alone)
+
+
+def test_compiled_forward_has_no_graph_breaks():
+    torch._dynamo.reset()
+    model = tiny_lm(checkpointing=True).train()
+    idx, targets = torch.randint(0, VOCAB, (2, 2, 12))
+    explanation = torch._dynamo.explain(model)(idx, targets)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_checkpointing_and_bf16_autocast():
+    """Training switches that reach the mixer: activation checkpointing gives the same loss and
+    gradients; bf16 autocast (CPU here) gives a finite loss close to float32's."""
+    seed = case_seed()
+    idx = torch.randint(0, VOCAB, (2, 15), generator=torch.Generator().manual_seed(seed))
+    results = []
+    for checkpointing in (False, True):
+        model = tiny_lm(seed, checkpointing=checkpointing).double().train()
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    (loss0, grads0), (loss1, grads1) = results
+    assert loss0 == loss1, f"seed={seed}"
+    assert all(rel_err(a, b) < 1e-12 for a, b in zip(grads1, grads0)), f"seed={seed}"
+    model = tiny_lm(seed).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    assert torch.isfinite(loss) and abs(loss.item() - loss0) < 0.05 * loss0, f"seed={seed}"
+
+
+def test_a_tiny_model_learns_a_repeated_batch():
+    """float32, the CPU default (kernel torch), 25 AdamW steps on one batch."""
+    seed = case_seed()
+    model = tiny_lm(seed).train()
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, VOCAB, (4, 25), generator=gen)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(25):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(map(lambda v: v == v, losses)), f"NaN loss, seed={seed}"
+    assert losses[-1] < 0.5 * losses[0], f"losses {losses[0]:.3f} -> {losses[-1]:.3f}, seed={seed}"
+
+
+def test_flops_count_the_window_and_the_memory():
+    shallow = tiny_lm(titans_depth=1)
+    deep = tiny_lm(titans_depth=2, titans_expansion=2)
+    D, H = 8, 3
+    attention = 12 * 24 * 4
+    base = shallow.flops_per_token(32) - shallow.cfg.n_layers * (attention + 24 * H * D * D)
+    assert base == 6 * shallow.num_params() + 6 * 24 * VOCAB
+    deep_mixer = attention + 24 * H * (D * 2 * D + 2 * D * D)
+    assert deep.flops_per_token(32) == 6 * deep.num_params() + 6 * 24 * VOCAB + 2 * deep_mixer
