@@ -14,7 +14,9 @@ width, and the table reports each count, since the match is exact only to one ML
 Accuracy is the share of held-out answers whose argmax is the value, per distance bin (within the
 window, 1-2x, 2-4x and beyond 4x the window), with its binomial standard error
 sqrt(p (1 - p) / n) and the count n. A mixer entry is `model.mixer`, optionally with options:
-`attention:window` (attention over the last `window` tokens), `deltanet:hierarchical`.
+`attention:window` (attention over the last `window` tokens), `titans:window` (the memory beside
+attention over the last `window` tokens: the issue's comparison with sliding-window attention),
+`deltanet:hierarchical`.
 """
 from __future__ import annotations
 
@@ -95,6 +97,10 @@ def model_config(bench: RecallBench, entry: str, d_ff: int | None = None) -> Mod
                                  f"(options: {', '.join(OPTIONS)})")
     settings = {"window": bench.window if "window" in options else None,
                 "hierarchical": "hierarchical" in options}
+    if mixer == "titans" and "window" in options:
+        # Titans' own attention window (model.window is plain attention's): `titans:window` is
+        # the memory beside attention as narrow as the sliding-window entry's
+        settings.update(window=None, titans_window=bench.window)
     try:
         return ModelConfig(vocab_size=bench.task().vocab_size, mixer=mixer, d_model=bench.d_model,
                            n_layers=bench.n_layers, n_heads=bench.n_heads, d_ff=d_ff,

@@ -104,3 +104,11 @@ def test_the_learning_rate_warms_up_then_decays_to_a_tenth():
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1, abs=1e-3)
     assert all(a >= b for a, b in zip(factors[9:], factors[10:]))
+
+
+def test_titans_is_one_more_entry_with_its_window_the_benchmarks():
+    bench = RecallBench(mixers=["attention:window", "titans:window", "titans"], window=8, seq_len=32,
+                        n_pairs=2, d_model=16, n_heads=2)
+    configs = matched_configs(bench)
+    assert configs["titans:window"].mixer == "titans" and configs["titans:window"].titans_window == 8
+    assert configs["titans"].titans_window != 8 and configs["attention:window"].window == 8
