@@ -16,7 +16,8 @@ NOTE = ("Multi-query associative recall (ltm/data/recall.py): {n_pairs} key-valu
         "the same batches from the same seed, its size matched to the others through the MLP's "
         "width (the table gives each count); accuracy on {eval_sequences} held-out sequences by "
         "the distance from the write to the query, ± one binomial standard error; chance "
-        "{chance:.3f}. Sliding-window attention sees {window} tokens: beyond that it can only "
+        "{chance:.3f}. Sliding-window attention sees {window} tokens per layer, so at most "
+        "{n_layers} x ({window} - 1) back through its {n_layers} layers: beyond that it can only "
         "guess. {seconds:.0f} s on {device}.")
 
 

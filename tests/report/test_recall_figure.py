@@ -19,7 +19,7 @@ def table() -> pd.DataFrame:
 def metrics() -> dict:
     far = {"attention": 0.75, "attention:window": 0.031, "deltanet": 0.35}
     return {"enabled": True, "device": "cpu", "seconds": 90.0, "chance": 0.031,
-            "settings": {"window": 16, "n_pairs": 8, "seq_len": 128, "steps": 300,
+            "settings": {"window": 16, "n_pairs": 8, "seq_len": 128, "steps": 300, "n_layers": 2,
                          "eval_sequences": 256},
             "best_beyond_window": {"mixer": "attention", "accuracy": 0.75, "se": 0.012},
             "by_mixer": {m: {"beyond_window": {"accuracy": a, "se": 0.012, "n": 300}}
