@@ -30,7 +30,11 @@ TINY = {
     "benchmark": {"mixers": {"seq_len": 24, "repeats": 1},
                   "generate": {"prompt_len": 4, "new_tokens": 4, "repeats": 1},
                   "kernels": {"shapes": [[1, 20, 1, 16]], "naive_tokens": 8, "ops": ["delta_rule"],
-                              "warmup_ms": 1, "rep_ms": 1}},
+                              "warmup_ms": 1, "rep_ms": 1},
+                  # the recall task at its smallest (the default trains four models for minutes)
+                  "recall": {"mixers": ["attention", "attention:window"], "steps": 2, "batch": 2,
+                             "seq_len": 16, "window": 2, "n_pairs": 2, "n_keys": 4, "n_values": 4,
+                             "eval_sequences": 4, "d_model": 8, "n_layers": 1, "n_heads": 2}},
 }
 
 

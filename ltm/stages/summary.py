@@ -102,13 +102,18 @@ def ablate_summary(ablate: dict) -> dict:
     return out
 
 
-def benchmark_summary(benchmark: dict, prior: dict | None = None) -> dict:
+def benchmark_summary(benchmark: dict, prior: dict | None = None, recall: dict | None = None) -> dict:
     """The benchmark stage's ratios (already its headline) and the prior's two answers: how few
-    solver evaluations match DDPM, and whether the prior beats the best Gaussian."""
+    solver evaluations match DDPM, and whether the prior beats the best Gaussian; and recall
+    beyond the window per mixer (accuracy and its SE: the one number the recall task asks)."""
     out = {k: v for k, v in benchmark.items() if k not in ("torch",)}
     if prior and "fewest_dpm_evaluations_matching_ddpm" in prior:
         out["prior"] = {"fewest_solver_evaluations_matching_ddpm": prior["fewest_dpm_evaluations_matching_ddpm"],
                         "mmd2_over_best_gaussian": _round(prior.get("prior_mmd2_over_best_gaussian"), RATIO_DECIMALS)}
+    if recall and recall.get("enabled"):
+        out["recall_beyond_window"] = {mixer: {"accuracy": m["beyond_window"]["accuracy"],
+                                               "accuracy_noise": m["beyond_window"]["se"]}
+                                       for mixer, m in recall["by_mixer"].items()}
     return out
 
 

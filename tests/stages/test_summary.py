@@ -55,6 +55,11 @@ def test_ablate_and_benchmark_headlines():
     assert benchmark_summary(bench, prior) == {
         "device": "cpu", "chunk_vs_naive_forward": {"rwkv7": 4.8},
         "prior": {"fewest_solver_evaluations_matching_ddpm": 5, "mmd2_over_best_gaussian": 0.124}}
+    recall = {"enabled": True, "by_mixer": {"rwkv7": {"params": 9, "beyond_window": {
+        "accuracy": 0.5, "se": 0.01, "n": 100}}}}
+    assert benchmark_summary(bench, None, recall)["recall_beyond_window"] == {
+        "rwkv7": {"accuracy": 0.5, "accuracy_noise": 0.01}}
+    assert "recall_beyond_window" not in benchmark_summary(bench, None, {"enabled": False})
     assert tokenize_summary({"tokens": 10, "seconds": 3.0}) == {"tokens": 10}
 
 
