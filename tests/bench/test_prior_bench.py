@@ -181,7 +181,12 @@ def test_the_train_stage_trains_a_prior_and_the_benchmark_measures_it(stage):
     assert set(metrics["by_source"]) >= {"prior DDPM 50", "prior DPM-Solver++ 5", "plain LM"}
     assert "prior_beats_best_gaussian" in metrics and "prior_beats_diagonal_fit" in metrics
     section = prior_section(stage, stage)
-    assert len(section.figures) == 1 and len(section.tables) == 2
+    # the sources' table, DPM-Solver++ against DDPM (ratios) and the pairwise verdicts
+    assert len(section.figures) == 1 and len(section.tables) == 3
+    ratios, verdicts = section.tables[1:]
+    assert set(ratios["DPM-Solver++ evaluations"]) == {
+        int(k[3:].split("_")[0]) for k in metrics if k.startswith("dpm") and k.endswith("_mmd2_ratio_to_ddpm")}
+    assert set(verdicts.columns) == {"comparison"} | set(metrics["verdicts"])
 
 
 def test_without_a_prior_the_benchmark_writes_a_header_and_says_why(tmp_path, stage):
