@@ -31,5 +31,6 @@ def recall_section(results_dir: Path, plots_dir: Path, commit: str | None = None
         return Section(title, [], [], f"No recall results: {why}.")
     table = pd.read_csv(plot)
     shown = table[["mixer", "params", "bin", "accuracy", "se", "n"]].round({"accuracy": 3, "se": 3})
-    note = recall_summary(metrics) + " " + NOTE.format(**metrics["settings"], **metrics)
+    # the settings repeat some top-level keys (enabled): one mapping, the settings winning
+    note = recall_summary(metrics) + " " + NOTE.format(**{**metrics, **metrics["settings"]})
     return Section(title, [shown], [recall_figure(table, metrics, commit=commit)], note)

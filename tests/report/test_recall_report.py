@@ -17,3 +17,13 @@ def test_the_section_shows_the_figure_and_table_or_says_why_not(tmp_path):
     assert section.note.startswith("Recall beyond the 16-token window: best attention")
     assert len(section.figures) == 1 and len(section.tables[0]) == 12
     assert list(section.tables[0].columns) == ["mixer", "params", "bin", "accuracy", "se", "n"]
+
+
+def test_the_section_reads_the_file_the_stage_writes(tmp_path):
+    """recall.json as the stage writes it: its settings repeat `enabled` (the stage's dump of
+    benchmark.recall), which once broke the note's formatting."""
+    written = metrics()
+    written["settings"] = dict(written.get("settings", {}), enabled=True)
+    (tmp_path / "recall.json").write_text(json.dumps(written))
+    table().to_csv(tmp_path / "recall.csv", index=False)
+    assert "held-out sequences" in recall_section(tmp_path, tmp_path, "abc").note
