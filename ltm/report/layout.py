@@ -255,6 +255,8 @@ class _Layouter:
             if "open" in node.attrs:
                 return _Box(0.0, shut.height + body.height, 0.0, body.width, body.shown_width)
             return _Box(0.0, shut.height, 0.0, shut.width, shut.shown_width, body.height)
+        if declared.get("display") == "flex":
+            return self.flex_row(node, inner, font, inside, declared, margin[0])
         columns = int(declared.get("columns", "1").split()[0] or 1)
         content = self.flow(node.children, inner, font, inside)
         height = content.height / columns
@@ -268,6 +270,37 @@ class _Layouter:
         if any(k.startswith("overflow") and v in ("auto", "scroll") for k, v in declared.items()):
             shown = min(shown, inner)  # a wide child scrolls inside this box
         return _Box(top, height, bottom, content.width, shown, content.hidden)
+
+
+    def flex_row(self, node: Node, width: float, font: float, ancestors: list[Node],
+                 declared: dict, margin: float) -> _Box:
+        """A wrapping flex row (the report's rows of figures and of tables): each item at its own
+        width (an image blockified, without a line's descent), packed into lines with the gaps."""
+        gaps = lengths(declared.get("gap"), font) or [0.0]
+        row_gap, column_gap = gaps[0], gaps[-1]
+        lines, line_w, line_h, own = [], 0.0, 0.0, 0.0
+        for child in node.children:
+            if isinstance(child, str):
+                continue
+            if child.tag == "img":
+                self.inline([child], width, font)
+                figure = self.figures[-1]
+                item_w = figure.shown_width
+                item_h = figure.height * item_w / figure.width if figure.width else 0.0
+                own = max(own, figure.width)
+            else:
+                box = self.block(child, width, font, [*ancestors, node])
+                item_w, item_h = min(box.shown_width, width), box.height + box.margin_top + box.margin_bottom
+                own = max(own, box.width)
+            if line_w and line_w + column_gap + item_w > width:
+                lines.append(line_h)
+                line_w, line_h = 0.0, 0.0
+            line_w += (column_gap if line_w else 0.0) + item_w
+            line_h = max(line_h, item_h)
+        if line_w:
+            lines.append(line_h)
+        height = sum(lines) + row_gap * max(0, len(lines) - 1)
+        return _Box(margin, height, margin, max(own, width), width)
 
 
 def _element(node: Node | None, top: float, box: _Box) -> Element:

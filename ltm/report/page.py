@@ -331,6 +331,9 @@ def samples_section(samples_path: Path | None) -> Section:
         return Section(title, [], [], "No samples: the train stage wrote none.")
     samples = json.loads(samples_path.read_text())
     table = pd.DataFrame(samples["samples"])
+    # line breaks as " / ", the way verse is quoted: one short paragraph per sample on the page
+    if "text" in table:
+        table["text"] = table["text"].astype(str).str.strip().str.replace(r"\s*\n+\s*", " / ", regex=True)
     settings = ", ".join(f"{k}={v}" for k, v in samples.get("settings", {}).items())
     return Section(title, [table], [], f"Sampled from the trained checkpoint ({settings}).")
 

@@ -151,3 +151,11 @@ def test_the_ablation_section_shows_where_a_step_goes(tmp_path):
     profile = with_profile.figures[-1]
     assert profile.axes[0].get_title() == "where a training step's time goes"
     assert {t.get_text() for t in profile.axes[0].get_yticklabels()} == {"baseline", "final"}
+
+
+def test_generated_text_shows_its_line_breaks_as_slashes(tmp_path):
+    from ltm.report.page import samples_section
+    (tmp_path / "samples.json").write_text(json.dumps(
+        {"settings": {"temperature": 0.8}, "samples": [{"prompt": "ROMEO:", "text": "ROMEO:\nWhy it\n\nthe bat\n"}]}))
+    section = samples_section(tmp_path / "samples.json")
+    assert section.tables[0]["text"].tolist() == ["ROMEO: / Why it / the bat"]
