@@ -1,8 +1,12 @@
 """The kernel benchmark: its floor formulas, its config checks, and a tiny CPU run."""
 import pytest
+import torch
 
-from ltm.bench.kernels import KernelBenchConfig, _add_fla_ratios, floor_counts, format_table, run
+from ltm.bench import kernels as bench
+from ltm.bench.kernels import (KernelBenchConfig, _add_fla_ratios, floor_counts, floor_ms, format_table,
+                               implementations, make_inputs, run)
 from ltm.params import ParamsError, from_mapping
+from ltm.report.figures import kernel_grid_figure
 
 
 def test_floor_counts_match_hand_counts():
@@ -49,7 +53,6 @@ def test_impls_picks_the_implementations_to_time():
 
 
 def test_an_implementation_that_refuses_its_inputs_gets_rows_with_the_reason(monkeypatch):
-    from ltm.bench import kernels as bench
 
     def refuse(x):
         raise ValueError("float32 is not supported")
@@ -80,7 +83,6 @@ def test_fla_ratio_is_fla_time_over_ours_for_the_same_case():
 def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
     import pandas as pd
 
-    from ltm.report.figures import kernel_grid_figure
     grid = pd.DataFrame([
         {"op": "delta_rule", "B": 1, "T": 512, "H": 4, "D": 64, "pass": "fwd", "ours_x_floor": 4.0, "fla_x_floor": 6.0},
         {"op": "delta_rule", "B": 2, "T": 512, "H": 4, "D": 64, "pass": "fwd", "ours_x_floor": 3.0, "fla_x_floor": None},
@@ -94,7 +96,6 @@ def test_kernel_grid_figure_draws_one_panel_per_op_and_pass():
 
 
 def test_floor_ms_is_the_slower_of_moving_the_bytes_and_doing_the_flops():
-    from ltm.bench.kernels import floor_ms
     nbytes, flops = floor_counts("delta_rule", 8, 2048, 8, 128, 2, backward=True)
     memory_bound = {"copy_bytes_per_s": nbytes / 2e-3, "matmul_flops_per_s": flops / 1e-3}
     compute_bound = {"copy_bytes_per_s": nbytes / 1e-3, "matmul_flops_per_s": flops / 3e-3}
@@ -105,9 +106,7 @@ def test_floor_ms_is_the_slower_of_moving_the_bytes_and_doing_the_flops():
 def test_the_titans_rows_time_the_same_function_by_both_forms():
     """The memory's kernel rows: its token loop and chunked form on the bench's own inputs
     compute the same outputs, and a run times both at the short length."""
-    import torch
 
-    from ltm.bench.kernels import KernelBenchConfig, implementations, make_inputs, run
     x = make_inputs("titans", 1, 37, 2, 8, torch.float64, "cpu")
     impls = implementations("titans", torch.device("cpu"))
     assert set(impls) == {"naive", "torch_chunk"}

@@ -3,7 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from ltm.report.page import recorded_kernel_rows
+from ltm.report.page import (ablate_section, kernel_history_section, latent_section, recorded_kernel_rows,
+                             samples_section, train_section)
 
 
 KERNEL_RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
@@ -47,7 +48,6 @@ def _comparison_train_json() -> dict:
 
 
 def test_latent_section_shows_the_curves_by_inference_steps_and_the_comparison(tmp_path):
-    from ltm.report.page import latent_section
     (tmp_path / "train.json").write_text(json.dumps(_comparison_train_json()))
     rows = [("plain", "val", 5, 6.0), ("plain", "val", 10, 5.5), ("latent", "val", 10, 20.0),
             ("plain-equal-flops", "val", 10, 5.8), ("plain-equal-flops", "val", 20, 5.3),
@@ -81,7 +81,6 @@ def test_latent_section_shows_the_curves_by_inference_steps_and_the_comparison(t
 
 
 def test_latent_section_adds_the_comparisons_recorded_on_gpus(tmp_path):
-    from ltm.report.page import latent_section
     (tmp_path / "train.json").write_text(json.dumps(_comparison_train_json()))
     gpu = tmp_path / "gpu"
     gpu.mkdir()
@@ -101,7 +100,6 @@ def test_latent_section_adds_the_comparisons_recorded_on_gpus(tmp_path):
     assert "recorded on a GPU" in section.note
 
 def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(tmp_path):
-    from ltm.report.page import latent_section
     (tmp_path / "train.json").write_text(json.dumps(
         {"val_loss": 9.0, "val_nelbo_by_steps": {"0": 12.0, "16": 9.0}}))
     section = latent_section(tmp_path)
@@ -112,7 +110,6 @@ def test_latent_section_without_counterparts_reads_the_latent_models_own_curves(
 
 
 def test_training_section_plots_validation_loss_against_the_training_clock(tmp_path):
-    from ltm.report.page import train_section
     (tmp_path / "train.json").write_text(json.dumps(
         {"val_loss": 5.0, "mixer": "attention", "optimizer": "muon", "target_loss": 5.2}))
     pd.DataFrame({"step": [10, 20], "seconds": [1.0, 2.5], "loss": [5.5, 5.0],
@@ -128,7 +125,6 @@ def test_training_section_plots_validation_loss_against_the_training_clock(tmp_p
 
 def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
     from pathlib import Path
-    from ltm.report.page import kernel_history_section
     records = Path(__file__).resolve().parents[2] / "records" / "bench"
     section = kernel_history_section(records)
     summary, per_record = section.tables
@@ -138,7 +134,6 @@ def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
 
 
 def test_the_ablation_section_shows_where_a_step_goes(tmp_path):
-    from ltm.report.page import ablate_section
     pd.DataFrame({"switch": ["baseline", "train.opt.fused_loss=true"], "speedup": [1.0, 1.2],
                   "verdict": ["BASELINE", "PASS"], "delta_val_loss": [0.0, 0.0],
                   "speedup_low": [0.9, 1.1], "speedup_high": [1.1, 1.3]}).to_csv(
@@ -154,7 +149,6 @@ def test_the_ablation_section_shows_where_a_step_goes(tmp_path):
 
 
 def test_generated_text_shows_its_line_breaks_as_slashes(tmp_path):
-    from ltm.report.page import samples_section
     (tmp_path / "samples.json").write_text(json.dumps(
         {"settings": {"temperature": 0.8}, "samples": [{"prompt": "ROMEO:", "text": "ROMEO:\nWhy it\n\nthe bat\n"}]}))
     section = samples_section(tmp_path / "samples.json")

@@ -1,7 +1,7 @@
 import pandas as pd
 import torch
 
-from ltm.stages.benchmark import summarise
+from ltm.stages.benchmark import RECALL_COLUMNS, recall_benchmark, summarise, write_plot_tables
 
 RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
     {"op": "delta_rule", "impl": "triton", "B": 2, "T": 63, "H": 3, "D": 32, "pass": "fwd+bwd",
@@ -24,7 +24,6 @@ def test_the_metrics_hold_this_runs_measurements_only():
 
 
 def test_one_plot_table_per_group_with_labelled_rows(tmp_path):
-    from ltm.stages.benchmark import write_plot_tables
     table = pd.DataFrame([
         {"group": "mixer forward B=1 T=64", "case": "deltanet", "impl": "naive", "ms": 4.0, "speedup": 1.0},
         {"group": "mixer forward B=1 T=64", "case": "deltanet", "impl": "torch", "ms": 1.0, "speedup": 4.0},
@@ -45,7 +44,6 @@ def _recall_params(tmp_path, **recall):
 
 def test_the_recall_benchmark_writes_its_metrics_and_table(tmp_path):
     import json
-    from ltm.stages.benchmark import RECALL_COLUMNS, recall_benchmark
     params = _recall_params(tmp_path, mixers=["attention:window"], steps=2, batch=2, seq_len=16,
                             window=2, n_pairs=2, n_keys=4, n_values=4, eval_sequences=4,
                             d_model=8, n_layers=1, n_heads=2)
@@ -58,7 +56,6 @@ def test_the_recall_benchmark_writes_its_metrics_and_table(tmp_path):
 
 
 def test_the_recall_benchmark_switched_off_writes_an_empty_table(tmp_path):
-    from ltm.stages.benchmark import RECALL_COLUMNS, recall_benchmark
     params = _recall_params(tmp_path, enabled=False)
     table, _, metrics = recall_benchmark(params, tmp_path / "recall.json", tmp_path / "recall.csv")
     assert metrics == {"enabled": False} and table.empty
