@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import Literal
 
+from ltm.ops.titans.memory import TRITON_CHUNK_SIZES
 from ltm.params import check
 
 
@@ -130,8 +131,10 @@ class ModelConfig:
               f"must be > 0 or null, got {self.titans_grad_clip}")
         if self.mixer != "titans":
             return
-        check(self.kernel != "triton", "kernel",
-              "mixer 'titans' has no Triton kernel, use torch (chunked) or naive")
+        check(self.kernel != "triton" or (self.titans_depth == 1
+                                          and self.titans_chunk_size in TRITON_CHUNK_SIZES),
+              "kernel", "mixer 'titans' runs Triton only with titans_depth 1 (the linear memory) "
+              f"and titans_chunk_size in {TRITON_CHUNK_SIZES}; use torch")
         exact = (self.titans_depth == 1 and self.titans_chunk_size == 1
                  and self.titans_grad_clip is None)
         check(self.kernel != "fla" or exact, "kernel",

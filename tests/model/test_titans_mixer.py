@@ -112,7 +112,9 @@ def test_gates_start_where_documented():
     ({"mixer": "titans", "titans_grad_clip": 0.0},
      "model.titans_grad_clip: must be > 0 or null, got 0.0"),
     ({"mixer": "titans", "kernel": "triton"},
-     "model.kernel: mixer 'titans' has no Triton kernel, use torch (chunked) or naive"),
+     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
+    ({"mixer": "titans", "kernel": "triton", "titans_depth": 1, "titans_chunk_size": 8},
+     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
     ({"mixer": "titans", "kernel": "fla"}, "model.kernel: fla computes the titans memory only"),
     ({"mixer": "titans", "d_model": 30, "n_heads": 10},
      "model.d_model: attention needs an even head size for RoPE"),
@@ -215,3 +217,45 @@ def test_flops_count_the_window_and_the_memory():
     assert base == 6 * shallow.num_params() + 6 * 24 * VOCAB
     deep_mixer = attention + 24 * H * (D * 2 * D + 2 * D * D)
     assert deep.flops_per_token(32) == 6 * deep.num_params() + 6 * 24 * VOCAB + 2 * deep_mixer
+
+
+def test_triton_kernel_in_the_layer_matches_torch():
+    """The linear memory by the Triton kernel (the interpreter on a CPU) inside the layer, float32:
+    the torch kernel's outputs and gradients, and a prefill ending mid-chunk then steps."""
+    seed = case_seed()
+    settings = dict(titans_arrangement="mag", titans_depth=1, titans_chunk_size=16)
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=VOCAB, n_layers=2, d_model=32, n_heads=2, max_seq_len=64,
+                      mixer="titans", kernel="triton", titans_window=5, **settings)
+    mixer = Titans(cfg)
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 37, 32)
+    results = {}
+    for kernel in ("torch", "triton"):
+        mixer.kernel = kernel
+        mixer.zero_grad()
+        y, _ = mixer(x)
+        y.square().sum().backward()
+        state, steps = mixer.init_state(2, x.device, x.dtype), []
+        for start, end in [(0, 21)] + [(t, t + 1) for t in range(21, 25)]:
+            y_part, state = mixer(x[:, start:end], state)
+            steps.append(y_part)
+        results[kernel] = (y.detach(), torch.cat(steps, 1).detach(),
+                           [p.grad.clone() for p in mixer.parameters()])
+    (y_t, s_t, g_t), (y_k, s_k, g_k) = results["torch"], results["triton"]
+    assert rel_err(y_k, y_t) < 1e-5 and rel_err(s_k, s_t) < 1e-5, f"seed={seed}"
+    assert all(rel_err(a, b) < 1e-4 for a, b in zip(g_k, g_t)), f"seed={seed}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile traces Triton launches on a GPU only")
+def test_compiled_triton_model_has_no_graph_breaks():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=VOCAB, n_layers=2, d_model=64, n_heads=2, max_seq_len=64,
+                      mixer="titans", kernel="triton", titans_depth=1, titans_chunk_size=16)
+    model = LTM(cfg).cuda().train()
+    idx, targets = torch.randint(0, VOCAB, (2, 2, 40), device="cuda")
+    explanation = torch._dynamo.explain(model)(idx, targets)
+    assert explanation.graph_break_count == 0, explanation.break_reasons

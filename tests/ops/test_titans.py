@@ -226,18 +226,25 @@ def test_entry_points_reach_the_forms(kernel):
     assert rel_err(state.weights[1], s_ref.weights[1]) < BOUND, f"seed={seed}"
 
 
-def test_triton_and_unknown_kernels_are_one_line_errors():
+def test_unknown_kernel_is_one_line_error():
     x, weights = make_inputs(1, 3, 1, 4, 4, 1, 0)
     for entry in ("sequence", "token"):
-        for kernel, message in (("triton", "not implemented for the titans memory"),
-                                ("cuda", "unknown kernel")):
-            with pytest.raises(ValueError, match=message) as info:
-                if entry == "sequence":
-                    titans_memory(*x.values(), weights, kernel=kernel, chunk_size=1)
-                else:
-                    titans_memory_one_token(*(x[n][:, 0] for n in NAMES), weights, None,
-                                            kernel=kernel, chunk_size=1)
-            assert "\n" not in str(info.value)
+        with pytest.raises(ValueError, match="unknown kernel") as info:
+            if entry == "sequence":
+                titans_memory(*x.values(), weights, kernel="cuda", chunk_size=1)
+            else:
+                titans_memory_one_token(*(x[n][:, 0] for n in NAMES), weights, None,
+                                        kernel="cuda", chunk_size=1)
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("depth, chunk_size, message", [
+    (2, 16, "runs the linear titans memory only"), (1, 8, r"chunk_size in \(16, 32, 64\)")])
+def test_triton_outside_its_kernel_is_one_line_error(depth, chunk_size, message):
+    x, weights = make_inputs(1, 3, 1, 4, 4, depth, 0)
+    with pytest.raises(ValueError, match=message) as info:
+        titans_memory(*x.values(), weights, kernel="triton", chunk_size=chunk_size)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fla") is not None, reason="fla is installed")

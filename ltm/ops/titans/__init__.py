@@ -30,7 +30,12 @@ chunk-start weights, float32 (float64 for float64 inputs), and the position.
 
 Implementations: `naive_titans_memory` (naive.py, autograd per token), `chunk_titans_memory`
 (chunk.py, "torch") and `titans_memory_step` (step.py) in PyTorch.
-    triton  not implemented for this op: `kernel='triton'` is a one-line error.
+    triton  `ltm.kernels.titans.triton_chunk_titans_memory`: the linear memory (one layer),
+            chunk_size 16, 32 or 64; a deep memory or another chunk size is a one-line error.
+            The kernel starts at a chunk boundary and returns no chunk-start weights, so the
+            tokens before the first boundary (a state that entered mid-chunk) and, when the state
+            is asked for, those after the last one run the chunked PyTorch form: the same
+            function, and a state the one-token step continues exactly. One token: the step.
     fla     fla 0.6.0's `chunk_momentum_delta_rule` where it computes this function: the linear
             memory (one layer), chunk_size 1 (its gradient is the exact per-token one at
             W_{t-1}), no clipping (it has none), half-precision inputs (it refuses float32);
@@ -46,13 +51,14 @@ Implementations: `naive_titans_memory` (naive.py, autograd per token), `chunk_ti
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Sequence
 
 import torch
 
 from ltm.ops import check_kernel, unknown_kernel
 from ltm.ops.titans.chunk import chunk_titans_memory
-from ltm.ops.titans.memory import TitansState, init_titans_state
+from ltm.ops.titans.memory import TRITON_CHUNK_SIZES, TitansState, check_inputs, init_titans_state
 from ltm.ops.titans.naive import naive_titans_memory
 from ltm.ops.titans.step import titans_memory_step
 
@@ -97,6 +103,53 @@ def _fla_titans(q, k, v, theta, alpha, eta, weights, initial_state, output_final
     return o.to(v.dtype), TitansState((W,), (-M,), (W,), state.pos + q.shape[1])
 
 
+def _lazy_kernels() -> ModuleType:
+    """`ltm.kernels.titans`, imported on first use (Triton loads only when a call asks for it)."""
+    from ltm.kernels import titans as kernels
+    return kernels
+
+
+def _check_triton(weights, chunk_size: int) -> None:
+    if len(weights) != 1:
+        raise ValueError(f"kernel: 'triton' runs the linear titans memory only (1 layer, got "
+                         f"{len(weights)}); use 'torch'")
+    if chunk_size not in TRITON_CHUNK_SIZES:
+        raise ValueError(f"kernel: 'triton' runs the titans memory with chunk_size in "
+                         f"{TRITON_CHUNK_SIZES}, got {chunk_size}; use 'torch'")
+
+
+def _triton_titans(q, k, v, theta, alpha, eta, weights, chunk_size, grad_clip, initial_state,
+                   output_final_state):
+    """The linear memory by the Triton kernel from the first chunk boundary to the last (see the
+    module docstring), PyTorch's chunked form before and after."""
+    B, T = q.shape[:2]
+    state = initial_state or init_titans_state(weights, B)
+    head = min(T, -state.pos % chunk_size)
+    tail = (T - head) % chunk_size if output_final_state else 0
+    inputs, outputs = (q, k, v, theta, alpha, eta), []
+    if head:
+        o, state = chunk_titans_memory(*(x[:, :head] for x in inputs), weights,
+                                       chunk_size=chunk_size, grad_clip=grad_clip,
+                                       initial_state=state, output_final_state=True)
+        outputs.append(o)
+    if T - head - tail:
+        part = (x[:, head:T - tail] for x in inputs)
+        qp, kp, vp, *gates = part
+        o, W, S = _lazy_kernels().triton_chunk_titans_memory(
+            qp.to(v.dtype), kp.to(v.dtype), vp, *gates, state.weights[0], state.momenta[0],
+            chunk_size=chunk_size, grad_clip=grad_clip, output_final_state=output_final_state)
+        outputs.append(o)
+        if output_final_state:
+            state = TitansState((W,), (S,), (W,), state.pos + T - head - tail)
+    if tail:
+        o, state = chunk_titans_memory(*(x[:, T - tail:] for x in inputs), weights,
+                                       chunk_size=chunk_size, grad_clip=grad_clip,
+                                       initial_state=state, output_final_state=True)
+        outputs.append(o)
+    o = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
+    return o, (state if output_final_state else None)
+
+
 def titans_memory(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,7 +178,10 @@ def titans_memory(
     if kernel == "torch":
         return chunk_titans_memory(q, k, v, theta, alpha, eta, weights, **options)
     if kernel == "triton":
-        raise ValueError("kernel: 'triton' is not implemented for the titans memory; use 'torch'")
+        check_inputs(q, k, v, theta, alpha, eta, weights, initial_state, chunk_size, grad_clip)
+        _check_triton(weights, chunk_size)
+        return _triton_titans(q, k, v, theta, alpha, eta, weights, chunk_size, grad_clip,
+                              initial_state, output_final_state)
     if kernel == "fla":
         _check_fla(weights, chunk_size, grad_clip, v.dtype)
         return _fla_titans(q, k, v, theta, alpha, eta, weights, initial_state, output_final_state)
@@ -149,8 +205,8 @@ def titans_memory_one_token(
     """One decoding step of the Titans memory by the implementation `kernel` names.
 
     q, k: [B, H, K]; v: [B, H, V]; theta, alpha, eta: [B, H]; state: a TitansState or None (the
-    initial weights). Returns o [B, H, V] in the dtype of v and the new state. "torch" and "fla"
-    both run `titans_memory_step` (one token is a few small batched matmuls; it also serves the
+    initial weights). Returns o [B, H, V] in the dtype of v and the new state. "torch", "triton"
+    and "fla" all run `titans_memory_step` (one token is a few small batched matmuls; it also serves the
     deep memory and any chunk_size, which fla's op does not).
     """
     if kernel == "naive":
@@ -159,9 +215,7 @@ def titans_memory_one_token(
             weights, chunk_size=chunk_size, grad_clip=grad_clip, initial_state=state,
             output_final_state=True)
         return o[:, 0], state
-    if kernel == "triton":
-        raise ValueError("kernel: 'triton' is not implemented for the titans memory; use 'torch'")
-    if kernel in ("torch", "fla"):
+    if kernel in ("torch", "triton", "fla"):
         return titans_memory_step(q, k, v, theta, alpha, eta, weights, state,
                                   chunk_size=chunk_size, grad_clip=grad_clip)
     raise unknown_kernel(kernel)

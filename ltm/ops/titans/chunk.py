@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ltm.ops.titans.memory import TitansState, check_inputs, init_titans_state, memory_grads
 
 
-def _transfer(x: torch.Tensor) -> torch.Tensor:
+def transfer(x: torch.Tensor) -> torch.Tensor:
     """[..., n] -> [..., n, n]: prod_{s<r<=t} x_r at (t, s) for t >= s (1 on the diagonal), 0
     above it."""
     n = x.shape[-1]
@@ -46,7 +46,7 @@ def _chunk(q, k, v, theta, alpha, eta, W, S, W_grad, grad_clip):
     g = theta * clip  # [B, H, n]
     f, e = 1 - alpha, eta
     a, E = f.cumprod(-1), e.cumprod(-1)
-    D, P = _transfer(f), _transfer(e)
+    D, P = transfer(f), transfer(e)
     b = (D @ E[..., None])[..., 0]
     gamma = D @ P  # [B, H, n, n]
     gamma_g = gamma * g[..., None, :]

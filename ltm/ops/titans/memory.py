@@ -20,6 +20,11 @@ import torch
 import torch.nn.functional as F
 
 
+# chunk sizes the Triton kernel (ltm.kernels.titans) takes: tl.dot's tiles are at least 16 a side,
+# and a (BT, BT) score tile beside four [K, V] states in registers leaves no room above 64
+TRITON_CHUNK_SIZES = (16, 32, 64)
+
+
 class TitansState(NamedTuple):
     """The per-sequence state after `pos` tokens; every tensor is [B, H, d_in, d_out] per layer,
     float32 (float64 for float64 inputs)."""
