@@ -1,7 +1,9 @@
-"""The Titans linear memory's chunked form (ours, `kernel="torch"`) against fla 0.6.0's
-`chunk_momentum_delta_rule` (issue 44's reference), forward and forward+backward, on one GPU.
+"""The Titans linear memory, ours (`kernel="triton"`, the Triton kernel; `"torch"`, the chunked
+PyTorch form) against fla 0.6.0's `chunk_momentum_delta_rule` (issue 44's reference), forward and
+forward+backward, on one GPU.
 
-    python3 gpu/titans_vs_fla.py [--shapes 8,2048,8,64 2,8192,8,128] [--chunks 16 64] [--out F.json]
+    python3 gpu/titans_vs_fla.py [--shapes 8,2048,8,64 2,8192,8,128] [--chunks 16 64]
+                                 [--kernels triton torch] [--out F.json]
 
 The two do not compute the same function at our chunk sizes: fla's is the exact per-token
 gradient (our chunk_size 1), ours takes each chunk's gradients at the chunk's starting weights
@@ -50,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,2048,8,64", "2,8192,8,128"])
     parser.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
+    parser.add_argument("--kernels", nargs="+", default=["triton", "torch"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
@@ -63,9 +66,10 @@ def main() -> None:
             except Exception as err:  # a refusal of fla's is a row, not the end of the run
                 fla_ms = None
                 print(json.dumps({"shape": shape, "pass": pass_, "fla_error": str(err)[:200]}))
-            for chunk in args.chunks:
-                ms = timed("torch", chunk, tensors, weights, backward)
-                row = {"shape": shape, "pass": pass_, "ours_chunk": chunk, "ours_ms": round(ms, 3),
+            for kernel, chunk in ((kernel, chunk) for kernel in args.kernels for chunk in args.chunks):
+                ms = timed(kernel, chunk, tensors, weights, backward)
+                row = {"shape": shape, "pass": pass_, "kernel": kernel, "ours_chunk": chunk,
+                       "ours_ms": round(ms, 3),
                        "fla_ms": None if fla_ms is None else round(fla_ms, 3),
                        "x_fla": None if fla_ms is None else round(fla_ms / ms, 3)}
                 rows.append(row)
