@@ -120,6 +120,11 @@ def _check(q, k, v, theta, alpha, eta, w0, s0, chunk_size) -> None:
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} for the Triton kernel, got "
                          f"{chunk_size!r}; use kernel 'torch'")
+    if chunk_size > 32 and max(K, v.shape[-1]) > 64 and q.dtype != torch.bfloat16:
+        # float32 tiles of a 128-wide state exceed an H100's shared memory (331 KB asked)
+        raise ValueError(f"chunk_size {chunk_size} with head size {max(K, v.shape[-1])} runs in "
+                         f"bfloat16 only ({q.dtype} tiles exceed shared memory); use chunk_size "
+                         "<= 32, bfloat16 or kernel 'torch'")
 
 
 def triton_chunk_titans_memory(

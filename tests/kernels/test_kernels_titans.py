@@ -20,8 +20,8 @@ CASES = [
     (1, 67, 2, 24, 16, 64, None),
 ]
 if ON_GPU:
-    CASES += [(2, 300, 4, 64, 64, 16, 1.0), (1, 1000, 2, 128, 128, 64, 1.0),
-              (3, 200, 2, 64, 128, 32, None)]
+    CASES += [(2, 300, 4, 64, 64, 16, 1.0), (1, 1000, 2, 128, 128, 32, 1.0),
+              (3, 200, 2, 64, 128, 32, None), (2, 500, 2, 128, 128, 64, 1.0)]
 
 
 def make_inputs(B, T, H, K, V, dtype, seed):
@@ -58,6 +58,8 @@ def _reference(x, w0, s0, chunk, clip):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{case_id(*c[:5])}-C{c[5]}-clip{c[6]}")
 def test_kernel_matches_token_loop(case, dtype):
     B, T, H, K, V, chunk, clip = case
+    if chunk > 32 and max(K, V) > 64 and dtype != torch.bfloat16:
+        pytest.skip("chunk 64 at head size 128 runs in bfloat16 only (test_bad_input_is_one_line)")
     seed = case_seed()
     x, w0, s0 = make_inputs(B, T, H, K, V, dtype, seed)
     o, wt, st = triton_chunk_titans_memory(*x.values(), w0, s0, chunk_size=chunk, grad_clip=clip,
@@ -123,9 +125,11 @@ def test_without_final_state_matches():
     ({"theta": "short"}, "theta must be [B, T, H]"),
     ({"v": "long"}, "v must be [B, T, H, V]"),
     ({"w0": "short"}, "w0 must be [B, H, K, V]"),
+    ({"chunk_size": 64, "wide": True}, "chunk_size 64 with head size 128 runs in bfloat16 only"),
 ])
 def test_bad_input_is_one_line(change, message):
-    x, w0, s0 = make_inputs(1, 5, 1, 16, 16, torch.float32, 0)
+    D = 128 if change.pop("wide", False) else 16
+    x, w0, s0 = make_inputs(1, 5, 1, D, D, torch.float32, 0)
     args = {**{n: t.detach() for n, t in x.items()}, "w0": w0.detach(), "s0": s0.detach(),
             "chunk_size": 16}
     for name, how in change.items():
