@@ -32,10 +32,11 @@ if [[ ${PART:-1} == 1 ]]; then
   train deltanet-T2048 200 model.mixer=deltanet "${mid[@]}"
   train titans-linear-T2048 220 "${titans[@]}" "${mid[@]}"
 else
+  timeout 100 python3 -m pytest -q tests/model/test_titans_mixer.py -k triton 2>&1 | tail -3
+  train titans-linear-T2048 180 "${titans[@]}" train.seq_len=2048 train.batch_size=8
   long=(train.seq_len=8192 train.batch_size=2)
   train deltanet-T8192 150 model.mixer=deltanet "${long[@]}"
-  train titans-linear-T8192 180 "${titans[@]}" "${long[@]}"
-  train titans-linear-c64-T2048 150 "${titans[@]}" model.titans_chunk_size=64 train.seq_len=2048 train.batch_size=8
+  train titans-linear-T8192 150 "${titans[@]}" "${long[@]}"
 fi
 python3 - "$out/runs" <<'PY'
 import json, sys

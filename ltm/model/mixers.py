@@ -69,7 +69,8 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
     y = F.scaled_dot_product_attention(
         q.reshape(B, H * n, window, D), k.reshape(B, H * n, 2 * window, D),
         v.reshape(B, H * n, 2 * window, D), attn_mask=mask.repeat(H, 1, 1))
-    return y.view(B, H, n * window, D)[:, :, :T]
+    # reshape, not view: the CUDA kernels return y in a (B, n, w, H, D)-like layout
+    return y.reshape(B, H, n * window, D)[:, :, :T]
 
 
 class Attention(nn.Module):

@@ -12,7 +12,7 @@ from ltm.model.lm import LTM, build_mixer
 from ltm.model.mixers import make_mixer
 from ltm.model.titans import Titans
 from ltm.params import ParamsError, from_mapping
-from reference import case_seed, rel_err
+from reference import DEVICE, case_seed, rel_err
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,7 +231,7 @@ def test_triton_kernel_in_the_layer_matches_torch():
     with torch.no_grad():
         for p in mixer.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    x = torch.randn(2, 37, 32)
+    mixer, x = mixer.to(DEVICE), torch.randn(2, 37, 32).to(DEVICE)
     results = {}
     for kernel in ("torch", "triton"):
         mixer.kernel = kernel
