@@ -124,7 +124,7 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
                 impls[name] = lambda x, fn=fn: fn(*args(x))[0]
         return impls
     if op == "titans":
-        return _titans_implementations()
+        return _titans_implementations(on_gpu)
     naive = _optional("ltm.ops.delta_rule.naive", "naive_delta_rule")
     torch_chunk = _optional("ltm.ops.delta_rule.chunk", "chunk_delta_rule")
     ours = _optional("ltm.kernels.delta_rule", "triton_chunk_delta_rule") if on_gpu else None
@@ -140,17 +140,16 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
     return impls
 
 
-def _titans_implementations() -> dict[str, Callable]:
-    """The linear Titans memory's token loop and chunked form (no Triton kernel; fla's momentum
-    delta rule computes it only at chunk size 1, gpu/titans_vs_fla.py times that)."""
+def _titans_implementations(on_gpu: bool) -> dict[str, Callable]:
+    """The linear Titans memory's token loop, chunked form and (on a GPU) Triton kernel; fla's
+    momentum delta rule computes it only at chunk size 1, gpu/titans_vs_fla.py times that."""
     impls = {}
-    for name, module, fn_name in (("naive", "ltm.ops.titans.naive", "naive_titans_memory"),
-                                  ("torch_chunk", "ltm.ops.titans.chunk", "chunk_titans_memory")):
-        fn = _optional(module, fn_name)
-        if fn is not None:
-            impls[name] = lambda x, fn=fn: fn(
-                x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], [x["w"]],
-                chunk_size=TITANS_CHUNK, grad_clip=TITANS_CLIP)[0]
+    entry = _optional("ltm.ops.titans", "titans_memory")
+    kernels = (("naive", "naive"), ("torch_chunk", "torch")) + ((("triton", "triton"),) if on_gpu else ())
+    for name, kernel in kernels if entry is not None else ():
+        impls[name] = lambda x, kernel=kernel: entry(
+            x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], [x["w"]], kernel=kernel,
+            chunk_size=TITANS_CHUNK, grad_clip=TITANS_CLIP)[0]
     return impls
 
 
