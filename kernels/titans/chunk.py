@@ -49,54 +49,102 @@ def _launch_options(K: int, V: int) -> dict:
     return {"num_warps": 8 if max(K, V) > 64 else 4, "num_stages": 1}
 
 
-class _TitansChunk(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, theta, a, b, gamma, ends, w_last, p_last, w0, s0, chunk, clip,
-                output_final_state):
-        B, T, H, K = q.shape
-        V, NT = v.shape[-1], cdiv(T, chunk)
-        f32, dev = torch.float32, q.device
-        backward = any(ctx.needs_input_grad)
-        o = torch.empty_like(v)
-        w_states = nan_buffer((B, H, NT, K, V), f32, dev) if backward else None
-        s_states = nan_buffer((B, H, NT, K, V), f32, dev) if backward else None
-        wt = torch.empty((B, H, K, V), dtype=f32, device=dev) if output_final_state else None
-        st = torch.empty_like(wt) if output_final_state else None
-        precision = dot_precision(q.dtype, K)
-        _titans_fwd_kernel[(B * H,)](
-            q, k, v, theta, a, b, gamma, ends, w_last, p_last, w0, s0, o, w_states, s_states, wt,
-            st, T, NT, clip or 1.0, H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
-            USE_CLIP=clip is not None, USE_H0=True, STORE_STATES=backward,
-            STORE_FINAL=output_final_state, PRECISION=precision, **_launch_options(K, V))
-        ctx.save_for_backward(q, k, v, theta, a, b, gamma, ends, w_last, p_last, w_states, s_states)
-        ctx.options = (chunk, clip, precision)
-        return o, wt, st
+# The op is two custom operators, forward and backward, opaque to torch.compile: traced, the gate
+# products' cumulative products became scan kernels for Inductor to compile in every layer (68 s
+# for a 2-layer model's first step on an H100, minutes for 12). Inside, everything runs eagerly: the
+# gate products, their autograd and the two Triton launches. Options travel as plain scalars
+# (clip 0 = no clipping); outputs a call does not need are empty tensors.
+@torch.library.custom_op("ltm::titans_memory_fwd", mutates_args=())
+def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
+                alpha: torch.Tensor, eta: torch.Tensor, w0: torch.Tensor, s0: torch.Tensor,
+                chunk: int, clip: float, final: bool, store: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, H, K = q.shape
+    V, NT = v.shape[-1], cdiv(T, chunk)
+    f32, dev = torch.float32, q.device
+    o = v.new_empty(v.shape)
+    empty = torch.empty(0, dtype=f32, device=dev)
+    w_states = nan_buffer((B, H, NT, K, V), f32, dev) if store else empty
+    s_states = nan_buffer((B, H, NT, K, V), f32, dev) if store else empty.clone()
+    wt = torch.empty((B, H, K, V), dtype=f32, device=dev) if final else empty.clone()
+    st = torch.empty_like(wt)
+    with torch.no_grad():
+        gates = chunk_gates(alpha, eta, chunk)
+    _titans_fwd_kernel[(B * H,)](
+        q, k, v, theta, *gates, w0, s0, o, w_states, s_states, wt, st, T, NT, clip or 1.0, H=H,
+        K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V), USE_CLIP=clip > 0, USE_H0=True,
+        STORE_STATES=store, STORE_FINAL=final, PRECISION=dot_precision(q.dtype, K),
+        **_launch_options(K, V))
+    return o, wt, st, w_states, s_states
 
-    @staticmethod
-    def backward(ctx, do, dwt, dst):
-        q, k, v, theta, a, b, gamma, ends, w_last, p_last, w_states, s_states = ctx.saved_tensors
-        chunk, clip, precision = ctx.options
-        B, T, H, K = q.shape
-        V, NT = v.shape[-1], cdiv(T, chunk)
-        f32, dev = torch.float32, q.device
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dtheta = torch.empty((B, T, H), dtype=f32, device=dev)
-        da, db, dw_last, dp_last = (torch.empty_like(x) for x in (a, b, w_last, p_last))
-        dgamma, dends = torch.empty_like(gamma), torch.empty_like(ends)
-        dw0 = torch.empty((B, H, K, V), dtype=f32, device=dev)
-        ds0 = torch.empty_like(dw0)
-        use_dht = dwt is not None or dst is not None
-        if use_dht:
-            dwt = torch.zeros_like(dw0) if dwt is None else dwt.contiguous()
-            dst = torch.zeros_like(dw0) if dst is None else dst.contiguous()
-        _titans_bwd_kernel[(B * H,)](
-            q, k, v, theta, a, b, gamma, ends, w_last, p_last, w_states, s_states,
-            do.contiguous(), dwt, dst, dq, dk, dv, dtheta, da, db, dgamma, dends, dw_last,
-            dp_last, dw0, ds0, T, NT, clip or 1.0, H=H, K=K, V=V, BT=chunk, BK=block_size(K),
-            BV=block_size(V), USE_CLIP=clip is not None, USE_DHT=use_dht, PRECISION=precision,
-            **_launch_options(K, V))
-        return (dq, dk, dv, dtheta.to(theta.dtype), da, db, dgamma, dends, dw_last, dp_last,
-                dw0, ds0, None, None, None)
+
+@_titans_fwd.register_fake
+def _(q, k, v, theta, alpha, eta, w0, s0, chunk, clip, final, store):
+    B, T, H, K = q.shape
+    V, NT = v.shape[-1], cdiv(T, chunk)
+    state = q.new_empty((B, H, K, V) if final else (0,), dtype=torch.float32)
+    states = q.new_empty((B, H, NT, K, V) if store else (0,), dtype=torch.float32)
+    return (v.new_empty(v.shape), state, torch.empty_like(state), states, torch.empty_like(states))
+
+
+@torch.library.custom_op("ltm::titans_memory_bwd", mutates_args=())
+def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
+                alpha: torch.Tensor, eta: torch.Tensor, w_states: torch.Tensor,
+                s_states: torch.Tensor, do: torch.Tensor, dwt: torch.Tensor, dst: torch.Tensor,
+                chunk: int, clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  torch.Tensor, torch.Tensor]:
+    B, T, H, K = q.shape
+    V, NT = v.shape[-1], cdiv(T, chunk)
+    f32, dev = torch.float32, q.device
+    # autograd records nothing inside a custom operator; torch.func's transform does
+    gates, gates_vjp = torch.func.vjp(lambda a, e: chunk_gates(a, e, chunk), alpha, eta)
+    dq, dk, dv = (x.new_empty(x.shape) for x in (q, k, v))
+    dtheta = torch.empty((B, T, H), dtype=f32, device=dev)
+    dgates = [torch.empty_like(x) for x in gates]
+    dw0 = torch.empty((B, H, K, V), dtype=f32, device=dev)
+    ds0 = torch.empty_like(dw0)
+    use_dht = dwt.numel() > 0
+    _titans_bwd_kernel[(B * H,)](
+        q, k, v, theta, *gates, w_states, s_states, do.contiguous(),
+        dwt.contiguous(), dst.contiguous(), dq, dk, dv, dtheta, *dgates, dw0, ds0, T, NT,
+        clip or 1.0, H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
+        USE_CLIP=clip > 0, USE_DHT=use_dht, PRECISION=dot_precision(q.dtype, K),
+        **_launch_options(K, V))
+    # the gate products' gradients to alpha and eta
+    dalpha, deta = gates_vjp(tuple(dgates))
+    # contiguous, as the fake below promises (the vjp's come out in the gates' transposed layout)
+    return (dq, dk, dv, dtheta.to(theta.dtype), dalpha.contiguous(), deta.contiguous(), dw0, ds0)
+
+
+@_titans_bwd.register_fake
+def _(q, k, v, theta, alpha, eta, w_states, s_states, do, dwt, dst, chunk, clip):
+    B, T, H, K = q.shape
+    state = q.new_empty((B, H, K, v.shape[-1]), dtype=torch.float32)
+    return (*(x.new_empty(x.shape) for x in (q, k, v, theta, alpha, eta)), state,
+            torch.empty_like(state))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, theta, alpha, eta, _, _, chunk, clip, final, store = inputs
+    ctx.save_for_backward(q, k, v, theta, alpha, eta, output[3], output[4])
+    ctx.options = (chunk, clip, final)
+
+
+def _backward(ctx, do, dwt, dst, _dw_states, _ds_states):
+    q, k, v, theta, alpha, eta, w_states, s_states = ctx.saved_tensors
+    chunk, clip, final = ctx.options
+    if not final or (dwt is None and dst is None):
+        dwt = dst = q.new_empty(0, dtype=torch.float32)
+    else:
+        zeros = torch.zeros((q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]),
+                            dtype=torch.float32, device=q.device)
+        dwt, dst = (zeros if x is None else x for x in (dwt, dst))
+    grads = _titans_bwd(q, k, v, theta, alpha, eta, w_states, s_states, do, dwt, dst, chunk, clip)
+    return (*grads, None, None, None, None)
+
+
+_titans_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _check(q, k, v, theta, alpha, eta, w0, s0, chunk_size) -> None:
@@ -149,7 +197,10 @@ def triton_chunk_titans_memory(
     after the last token [B, H, K, V] float32 (else None, None).
     """
     _check(q, k, v, theta, alpha, eta, w0, s0, chunk_size)
-    gates = chunk_gates(alpha, eta, chunk_size)
-    q, k, v, theta = (x.contiguous() for x in (q, k, v, theta))
-    return _TitansChunk.apply(q, k, v, theta, *gates, w0.float().contiguous(),
-                              s0.float().contiguous(), chunk_size, grad_clip, output_final_state)
+    store = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (q, k, v, theta, alpha, eta, w0, s0))
+    q, k, v, theta, alpha, eta = (x.contiguous() for x in (q, k, v, theta, alpha, eta))
+    o, wt, st, _, _ = _titans_fwd(q, k, v, theta, alpha, eta, w0.float().contiguous(),
+                                  s0.float().contiguous(), chunk_size, float(grad_clip or 0.0),
+                                  output_final_state, store)
+    return (o, wt, st) if output_final_state else (o, None, None)

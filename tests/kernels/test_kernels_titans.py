@@ -140,3 +140,4 @@ def test_bad_input_is_one_line(change, message):
                        .replace("[", r"\[").replace("]", r"\]")) as info:
         triton_chunk_titans_memory(*args.values(), chunk_size=chunk)
     assert "\n" not in str(info.value)
+
