@@ -1,6 +1,7 @@
 """The Titans linear memory in Triton: the gate products (PyTorch), the autograd Function and the
-public op `triton_chunk_titans_memory`. The kernels: `chunk_fwd.py` (forward) and `chunk_bwd.py`
-(backward), one program per (batch, head) each, sequential over the chunks.
+public op `triton_chunk_titans_memory`. The kernels: `chunk_fwd.py` (forward: a sequential state
+pass, then the outputs chunk-parallel) and `chunk_bwd.py` (backward: chunk-parallel, sequential,
+chunk-parallel).
 
 The gates' in-chunk products (a, b, Gamma, the chunk ends; see `ltm.ops.titans.chunk`) are small
 ([B, H, T, BT] at most) and made here by PyTorch, whose autograd also takes their gradients, which
@@ -15,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from ltm.kernels.common import block_size, cdiv, check_dtype, check_head_dim, dot_precision, nan_buffer
-from ltm.kernels.titans.chunk_bwd import _titans_bwd_kernel
-from ltm.kernels.titans.chunk_fwd import _titans_fwd_kernel
+from ltm.kernels.titans.chunk_bwd import (_titans_bwd_keys_kernel, _titans_bwd_local_kernel,
+                                          _titans_bwd_state_kernel)
+from ltm.kernels.titans.chunk_fwd import _titans_output_kernel, _titans_states_kernel
 from ltm.ops.titans.chunk import transfer
 from ltm.ops.titans.memory import TRITON_CHUNK_SIZES as CHUNK_SIZES
 
@@ -57,68 +59,87 @@ def _launch_options(K: int, V: int) -> dict:
 @torch.library.custom_op("ltm::titans_memory_fwd", mutates_args=())
 def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
                 alpha: torch.Tensor, eta: torch.Tensor, w0: torch.Tensor, s0: torch.Tensor,
-                chunk: int, clip: float, final: bool, store: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                chunk: int, clip: float, final: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor]:
+    """o, the final memory and momentum (empty unless `final`), and for the backward each chunk's
+    entering memory and momentum [B, H, NT, K, V] and g [B, H, NT * BT]."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], cdiv(T, chunk)
     f32, dev = torch.float32, q.device
     o = v.new_empty(v.shape)
-    empty = torch.empty(0, dtype=f32, device=dev)
-    w_states = nan_buffer((B, H, NT, K, V), f32, dev) if store else empty
-    s_states = nan_buffer((B, H, NT, K, V), f32, dev) if store else empty.clone()
-    wt = torch.empty((B, H, K, V), dtype=f32, device=dev) if final else empty.clone()
+    w_states = nan_buffer((B, H, NT, K, V), f32, dev)
+    s_states = nan_buffer((B, H, NT, K, V), f32, dev)
+    g = nan_buffer((B, H, NT * chunk), f32, dev)
+    wt = torch.empty((B, H, K, V) if final else (0,), dtype=f32, device=dev)
     st = torch.empty_like(wt)
     with torch.no_grad():
-        gates = chunk_gates(alpha, eta, chunk)
-    _titans_fwd_kernel[(B * H,)](
-        q, k, v, theta, *gates, w0, s0, o, w_states, s_states, wt, st, T, NT, clip or 1.0, H=H,
-        K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V), USE_CLIP=clip > 0, USE_H0=True,
-        STORE_STATES=store, STORE_FINAL=final, PRECISION=dot_precision(q.dtype, K),
-        **_launch_options(K, V))
-    return o, wt, st, w_states, s_states
+        a, b, gamma, ends, w_last, p_last = chunk_gates(alpha, eta, chunk)
+    dims = dict(H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
+                PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
+    _titans_states_kernel[(B * H,)](
+        k, v, theta, ends, w_last, p_last, w0, s0, w_states, s_states, g, wt, st, T, NT,
+        clip or 1.0, USE_CLIP=clip > 0, STORE_FINAL=final, **dims)
+    _titans_output_kernel[(NT, B * H)](q, k, v, a, b, gamma, w_states, s_states, g, o, T, NT,
+                                       **dims)
+    return o, wt, st, w_states, s_states, g
 
 
 @_titans_fwd.register_fake
-def _(q, k, v, theta, alpha, eta, w0, s0, chunk, clip, final, store):
+def _(q, k, v, theta, alpha, eta, w0, s0, chunk, clip, final):
     B, T, H, K = q.shape
     V, NT = v.shape[-1], cdiv(T, chunk)
     state = q.new_empty((B, H, K, V) if final else (0,), dtype=torch.float32)
-    states = q.new_empty((B, H, NT, K, V) if store else (0,), dtype=torch.float32)
-    return (v.new_empty(v.shape), state, torch.empty_like(state), states, torch.empty_like(states))
+    states = q.new_empty((B, H, NT, K, V), dtype=torch.float32)
+    return (v.new_empty(v.shape), state, torch.empty_like(state), states, torch.empty_like(states),
+            q.new_empty((B, H, NT * chunk), dtype=torch.float32))
 
 
 @torch.library.custom_op("ltm::titans_memory_bwd", mutates_args=())
 def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
                 alpha: torch.Tensor, eta: torch.Tensor, w_states: torch.Tensor,
-                s_states: torch.Tensor, do: torch.Tensor, dwt: torch.Tensor, dst: torch.Tensor,
-                chunk: int, clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                  torch.Tensor, torch.Tensor, torch.Tensor,
-                                                  torch.Tensor, torch.Tensor]:
+                s_states: torch.Tensor, g: torch.Tensor, do: torch.Tensor, dwt: torch.Tensor,
+                dst: torch.Tensor, chunk: int, clip: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of q, k, v, theta, alpha, eta, w0 and s0 (see chunk_bwd.py)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], cdiv(T, chunk)
     f32, dev = torch.float32, q.device
     # autograd records nothing inside a custom operator; torch.func's transform does
     gates, gates_vjp = torch.func.vjp(lambda a, e: chunk_gates(a, e, chunk), alpha, eta)
+    a, b, gamma, ends, w_last, p_last = gates
+    da, db, dgamma, dends, dw_last, dp_last = (torch.empty_like(x) for x in gates)
     dq, dk, dv = (x.new_empty(x.shape) for x in (q, k, v))
     dtheta = torch.empty((B, T, H), dtype=f32, device=dev)
-    dgates = [torch.empty_like(x) for x in gates]
     dw0 = torch.empty((B, H, K, V), dtype=f32, device=dev)
     ds0 = torch.empty_like(dw0)
+    rows = NT * chunk
+    delta, ddelta = (nan_buffer((B, H, rows, V), f32, dev) for _ in range(2))
+    dk_local = nan_buffer((B, H, rows, K), f32, dev)
+    dg_local, dk_coef = (nan_buffer((B, H, rows), f32, dev) for _ in range(2))
+    dws, dss = (nan_buffer((B, H, NT, K, V), f32, dev) for _ in range(2))
+    dims = dict(H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
+                PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
+    do = do.contiguous()
+    _titans_bwd_local_kernel[(NT, B * H)](
+        q, k, v, do, a, b, gamma, w_states, s_states, g, dq, da, db, dgamma, delta, ddelta,
+        dg_local, dk_local, dws, dss, T, NT, **dims)
     use_dht = dwt.numel() > 0
-    _titans_bwd_kernel[(B * H,)](
-        q, k, v, theta, *gates, w_states, s_states, do.contiguous(),
-        dwt.contiguous(), dst.contiguous(), dq, dk, dv, dtheta, *dgates, dw0, ds0, T, NT,
-        clip or 1.0, H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
-        USE_CLIP=clip > 0, USE_DHT=use_dht, PRECISION=dot_precision(q.dtype, K),
-        **_launch_options(K, V))
-    # the gate products' gradients to alpha and eta
-    dalpha, deta = gates_vjp(tuple(dgates))
+    _titans_bwd_state_kernel[(B * H,)](
+        k, theta, ends, w_last, p_last, g, delta, ddelta, dg_local, dws, dss, dwt.contiguous(),
+        dst.contiguous(), dv, dtheta, dw_last, dp_last, dk_coef, dw0, ds0, T, NT, clip or 1.0,
+        USE_CLIP=clip > 0, USE_DHT=use_dht, **dims)
+    _titans_bwd_keys_kernel[(NT, B * H)](
+        k, w_last, p_last, w_states, s_states, g, delta, ddelta, dk_local, dk_coef, dws, dss, dk,
+        dends, T, NT, **dims)
+    dalpha, deta = gates_vjp((da, db, dgamma, dends, dw_last, dp_last))
     # contiguous, as the fake below promises (the vjp's come out in the gates' transposed layout)
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha.contiguous(), deta.contiguous(), dw0, ds0)
 
 
 @_titans_bwd.register_fake
-def _(q, k, v, theta, alpha, eta, w_states, s_states, do, dwt, dst, chunk, clip):
+def _(q, k, v, theta, alpha, eta, w_states, s_states, g, do, dwt, dst, chunk, clip):
     B, T, H, K = q.shape
     state = q.new_empty((B, H, K, v.shape[-1]), dtype=torch.float32)
     return (*(x.new_empty(x.shape) for x in (q, k, v, theta, alpha, eta)), state,
@@ -126,13 +147,13 @@ def _(q, k, v, theta, alpha, eta, w_states, s_states, do, dwt, dst, chunk, clip)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, theta, alpha, eta, _, _, chunk, clip, final, store = inputs
-    ctx.save_for_backward(q, k, v, theta, alpha, eta, output[3], output[4])
+    q, k, v, theta, alpha, eta, _, _, chunk, clip, final = inputs
+    ctx.save_for_backward(q, k, v, theta, alpha, eta, *output[3:])
     ctx.options = (chunk, clip, final)
 
 
-def _backward(ctx, do, dwt, dst, _dw_states, _ds_states):
-    q, k, v, theta, alpha, eta, w_states, s_states = ctx.saved_tensors
+def _backward(ctx, do, dwt, dst, *_):
+    q, k, v, theta, alpha, eta, w_states, s_states, g = ctx.saved_tensors
     chunk, clip, final = ctx.options
     if not final or (dwt is None and dst is None):
         dwt = dst = q.new_empty(0, dtype=torch.float32)
@@ -140,8 +161,9 @@ def _backward(ctx, do, dwt, dst, _dw_states, _ds_states):
         zeros = torch.zeros((q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]),
                             dtype=torch.float32, device=q.device)
         dwt, dst = (zeros if x is None else x for x in (dwt, dst))
-    grads = _titans_bwd(q, k, v, theta, alpha, eta, w_states, s_states, do, dwt, dst, chunk, clip)
-    return (*grads, None, None, None, None)
+    grads = _titans_bwd(q, k, v, theta, alpha, eta, w_states, s_states, g, do, dwt, dst, chunk,
+                        clip)
+    return (*grads, None, None, None)
 
 
 _titans_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -197,10 +219,8 @@ def triton_chunk_titans_memory(
     after the last token [B, H, K, V] float32 (else None, None).
     """
     _check(q, k, v, theta, alpha, eta, w0, s0, chunk_size)
-    store = torch.is_grad_enabled() and any(
-        x.requires_grad for x in (q, k, v, theta, alpha, eta, w0, s0))
     q, k, v, theta, alpha, eta = (x.contiguous() for x in (q, k, v, theta, alpha, eta))
-    o, wt, st, _, _ = _titans_fwd(q, k, v, theta, alpha, eta, w0.float().contiguous(),
-                                  s0.float().contiguous(), chunk_size, float(grad_clip or 0.0),
-                                  output_final_state, store)
+    o, wt, st, *_ = _titans_fwd(q, k, v, theta, alpha, eta, w0.float().contiguous(),
+                                s0.float().contiguous(), chunk_size, float(grad_clip or 0.0),
+                                output_final_state)
     return (o, wt, st) if output_final_state else (o, None, None)

@@ -1,18 +1,24 @@
-"""The Titans linear memory's backward in one Triton kernel: one program per (batch, head) walks
-the chunks backwards, carrying the gradients of the state after each chunk (dW', dS'), and
-recomputes each chunk's forward from the states the forward stored (see chunk_fwd.py for the
-forward's equations). Per chunk, with dA = -dO Delta^T on and below the diagonal:
+"""The Titans linear memory's backward in Triton (the forward's equations: chunk_fwd.py), in
+three launches, so that the sequential pass does only what must be sequential:
 
-    dDelta = -(Gamma * Q K^T * g)^T dO - (gamma_last * g) * (K dW') - (p_last * g) * (K dS')
-             + (the clip's share: 2 dn |k|^2 Delta)
-    dg     = colsum(dA * Gamma * Q K^T) - gamma_last * rowsum((K dW') * Delta)
-             - p_last * rowsum((K dS') * Delta)
-    dW     = a_end dW' + Q^T (a * dO) + K^T dDelta
-    dS     = e_end dS' + b_end dW' + Q^T (b * dO)
-
-where dn, the gradient of n = |k|^2 |Delta|^2, is -dclip * clip / (2 n) where the clip acts (n >
-clip^2) and 0 elsewhere, with dclip = dg * theta and dtheta = dg * clip. The gate tensors' gradients
-(da, db, dGamma, the chunk ends') go back to PyTorch, whose autograd takes them to alpha and eta.
+`_titans_bwd_local_kernel` (one program per chunk): everything that needs only the chunk's
+entering state and dO. With dA = -dO Delta^T on and below the diagonal:
+    dq = a * (dO W^T) + b * (dO S^T) + (dA * Gamma * g) K,  da, db, dGamma,
+    dDelta_local = -(Gamma * Q K^T * g)^T dO,  dg_local = colsum(dA * Gamma * Q K^T),
+    dk_local = (dA * Gamma * g)^T Q,  dW_local = Q^T (a * dO),  dS_local = Q^T (b * dO),
+and Delta itself, stored for the next two.
+`_titans_bwd_state_kernel` (one program per batch and head, chunks backwards), carrying dW', dS',
+the gradients of the state after the chunk:
+    dg     = dg_local - gamma_last * rowsum((K dW') * Delta) - p_last * rowsum((K dS') * Delta)
+    dDelta = dDelta_local - (gamma_last * g) * (K dW') - (p_last * g) * (K dS') + 2 dn |k|^2 Delta
+    dW     = a_end dW' + dW_local + K^T dDelta,   dS = e_end dS' + b_end dW' + dS_local
+with dn, the gradient of n = |k|^2 |Delta|^2, -dg theta clip / (2 n) where the clip acts (n >
+clip^2), else 0; dtheta = dg clip, dv = -dDelta. It stores each chunk's dW', dS' over dW_local,
+dS_local. `_titans_bwd_keys_kernel` (one program per chunk):
+    dk = dk_local + dDelta W^T - (gamma_last * g) * (Delta dW'^T) - (p_last * g) * (Delta dS'^T)
+         + 2 dn |Delta|^2 k
+and the chunk ends' gradients <W, dW'>, <S, dW'>, <S, dS'>. The gate tensors' gradients go back to
+PyTorch, which takes them to alpha and eta.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ltm.kernels.common import dot
-from ltm.kernels.titans.chunk_fwd import _clipped_step, _load_tokens
+from ltm.kernels.titans.chunk_fwd import _load_tokens
 
 
 @triton.jit
@@ -30,90 +36,149 @@ def _store_tokens(ptr, x, i_b, i_h, t, mask_t, cols, mask_c, T, H: tl.constexpr,
 
 
 @triton.jit
-def _titans_bwd_kernel(q, k, v, theta, a, b, gamma, ends, w_last, p_last, w_states, s_states,
-                       do, dwt, dst, dq, dk, dv, dtheta, da, db, dgamma, dends, dw_last, dp_last,
-                       dw0, ds0, T, NT, CLIP, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_CLIP: tl.constexpr, USE_DHT: tl.constexpr, PRECISION: tl.constexpr):
+def _titans_bwd_local_kernel(q, k, v, do, a, b, gamma, w_states, s_states, g_in, dq, da, db,
+                             dgamma, delta_out, ddelta, dg_local, dk_local, dws, dss, T, NT,
+                             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                             BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
+    mk, mv = rk < K, rv < V
+    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
+    state_mask = mk[:, None] & mv[None, :]
+    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
+    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
+    t = c * BT + rt
+    mt = t < T
+    qt = _load_tokens(q, i_b, i_h, t, mt, rk, mk, T, H, K)  # (BT, BK)
+    kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
+    vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)  # (BT, BV)
+    dot_ = _load_tokens(do, i_b, i_h, t, mt, rv, mv, T, H, V)
+    g_base = (i_bh * NT + c) * BT
+    g = tl.load(g_in + g_base + rt)
+    at, bt = tl.load(a + g_base + rt), tl.load(b + g_base + rt)
+    gam_offs = (g_base + rt)[:, None] * BT + rt[None, :]
+    gam = tl.load(gamma + gam_offs)  # (BT, BT)
+    tok_v = (g_base + rt)[:, None] * V + rv[None, :]  # rows of the [.., NT * BT, V] buffers
+    tok_k = (g_base + rt)[:, None] * K + rk[None, :]
+
+    delta = dot(kt, W, PRECISION) - vt
+    tl.store(delta_out + tok_v, delta, mask=mv[None, :])
+    qk = dot(qt, tl.trans(kt), PRECISION)
+    d_scores = tl.where(rt[:, None] >= rt[None, :], -dot(dot_, tl.trans(delta), PRECISION), 0.0)
+    tl.store(dgamma + gam_offs, d_scores * qk * g[None, :])
+    tl.store(dg_local + g_base + rt, tl.sum(d_scores * gam * qk, 0))
+    d_qk = d_scores * gam * g[None, :]
+    tl.store(ddelta + tok_v, -dot(tl.trans(gam * qk * g[None, :]), dot_, PRECISION), mask=mv[None, :])
+    tl.store(dk_local + tok_k, dot(tl.trans(d_qk), qt, PRECISION), mask=mk[None, :])
+    dq_t = (at[:, None] * dot(dot_, tl.trans(W), PRECISION)
+            + bt[:, None] * dot(dot_, tl.trans(S), PRECISION) + dot(d_qk, kt, PRECISION))
+    _store_tokens(dq, dq_t, i_b, i_h, t, mt, rk, mk, T, H, K)
+    tl.store(da + g_base + rt, tl.sum(dot_ * dot(qt, W, PRECISION), 1))
+    tl.store(db + g_base + rt, tl.sum(dot_ * dot(qt, S, PRECISION), 1))
+    qt_t = tl.trans(qt)
+    tl.store(dws + state_offs, dot(qt_t, at[:, None] * dot_, PRECISION), mask=state_mask)
+    tl.store(dss + state_offs, dot(qt_t, bt[:, None] * dot_, PRECISION), mask=state_mask)
+
+
+@triton.jit
+def _titans_bwd_state_kernel(k, theta, ends, w_last, p_last, g_in, delta_in, ddelta, dg_local,
+                             dws, dss, dwt, dst, dv, dtheta, dw_last, dp_last, dk_coef, dw0, ds0,
+                             T, NT, CLIP, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                             USE_CLIP: tl.constexpr, USE_DHT: tl.constexpr,
+                             PRECISION: tl.constexpr):
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
     mk, mv = rk < K, rv < V
-    state_offs = rk[:, None] * V + rv[None, :]
     state_mask = mk[:, None] & mv[None, :]
-    causal = rt[:, None] >= rt[None, :]
-    dW = tl.zeros([BK, BV], dtype=tl.float32)  # gradient of the state after the chunk
+    dW = tl.zeros([BK, BV], dtype=tl.float32)  # the gradient of the state after the chunk
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        dW = tl.load(dwt + i_bh * K * V + state_offs, mask=state_mask, other=0.0)
-        dS = tl.load(dst + i_bh * K * V + state_offs, mask=state_mask, other=0.0)
+        dW = tl.load(dwt + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
+        dS = tl.load(dst + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
     for i in range(NT):
         c = NT - 1 - i
-        W = tl.load(w_states + (i_bh * NT + c) * K * V + state_offs, mask=state_mask, other=0.0)
-        S = tl.load(s_states + (i_bh * NT + c) * K * V + state_offs, mask=state_mask, other=0.0)
+        state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
+        dW_local = tl.load(dws + state_offs, mask=state_mask, other=0.0)
+        dS_local = tl.load(dss + state_offs, mask=state_mask, other=0.0)
+        tl.store(dws + state_offs, dW, mask=state_mask)  # dW', dS' for the keys' kernel
+        tl.store(dss + state_offs, dS, mask=state_mask)
         t = c * BT + rt
         mt = t < T
-        qt = _load_tokens(q, i_b, i_h, t, mt, rk, mk, T, H, K)  # (BT, BK)
         kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
-        vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)  # (BT, BV)
-        dot_ = _load_tokens(do, i_b, i_h, t, mt, rv, mv, T, H, V)
         th = tl.load(theta + (i_b * T + t) * H + i_h, mask=mt, other=0.0).to(tl.float32)
         g_base = (i_bh * NT + c) * BT
-        at = tl.load(a + g_base + rt)
-        bt = tl.load(b + g_base + rt)
-        gam_offs = (g_base + rt)[:, None] * BT + rt[None, :]
-        gam = tl.load(gamma + gam_offs)  # (BT, BT)
+        tok_v = (g_base + rt)[:, None] * V + rv[None, :]
+        delta = tl.load(delta_in + tok_v, mask=mv[None, :], other=0.0)
+        g = tl.load(g_in + g_base + rt)
+        wl, pl = tl.load(w_last + g_base + rt), tl.load(p_last + g_base + rt)
         e_offs = (i_bh * NT + c) * 3
         a_end, b_end, e_end = tl.load(ends + e_offs), tl.load(ends + e_offs + 1), tl.load(ends + e_offs + 2)
-        wl = tl.load(w_last + g_base + rt)
-        pl = tl.load(p_last + g_base + rt)
 
-        # the forward, again
-        delta = dot(kt, W, PRECISION) - vt  # (BT, BV)
-        clip, g = _clipped_step(kt, delta, th, CLIP, USE_CLIP)
-        qk = dot(qt, tl.trans(kt), PRECISION)  # (BT, BT)
-        scores = gam * qk * g[None, :]
-
-        # through the chunk-end states W' and S'
         k_dw = dot(kt, dW, PRECISION)  # (BT, BV): K dW'
         k_ds = dot(kt, dS, PRECISION)
         w_sum = -tl.sum(k_dw * delta, 1)  # d(gamma_last * g)
         s_sum = -tl.sum(k_ds * delta, 1)
         tl.store(dw_last + g_base + rt, w_sum * g)
         tl.store(dp_last + g_base + rt, s_sum * g)
-        tl.store(dends + e_offs, tl.sum(tl.sum(W * dW, 1), 0))
-        tl.store(dends + e_offs + 1, tl.sum(tl.sum(S * dW, 1), 0))
-        tl.store(dends + e_offs + 2, tl.sum(tl.sum(S * dS, 1), 0))
-        # through the outputs
-        d_scores = tl.where(causal, -dot(dot_, tl.trans(delta), PRECISION), 0.0)  # (BT, BT)
-        tl.store(dgamma + gam_offs, d_scores * qk * g[None, :])
-        d_qk = d_scores * gam * g[None, :]
-        dg = tl.sum(d_scores * gam * qk, 0) + wl * w_sum + pl * s_sum
-        d_delta = (-dot(tl.trans(scores), dot_, PRECISION) - (wl * g)[:, None] * k_dw
-                   - (pl * g)[:, None] * k_ds)
-        dk_t = (dot(tl.trans(d_qk), qt, PRECISION)
-                - (wl * g)[:, None] * dot(delta, tl.trans(dW), PRECISION)
-                - (pl * g)[:, None] * dot(delta, tl.trans(dS), PRECISION))
+        dg = tl.load(dg_local + g_base + rt) + wl * w_sum + pl * s_sum
+        d_delta = (tl.load(ddelta + tok_v, mask=mv[None, :], other=0.0)
+                   - (wl * g)[:, None] * k_dw - (pl * g)[:, None] * k_ds)
+        k_sq, d_sq = tl.sum(kt * kt, 1), tl.sum(delta * delta, 1)
+        clip = tl.full(th.shape, 1.0, tl.float32)
         if USE_CLIP:
-            norm_sq = tl.sum(kt * kt, 1) * tl.sum(delta * delta, 1)
+            norm_sq = k_sq * d_sq
+            clip = CLIP / tl.sqrt(tl.maximum(norm_sq, CLIP * CLIP))
             d_norm = tl.where(norm_sq > CLIP * CLIP,
                               -(dg * th) * clip / (2 * tl.maximum(norm_sq, CLIP * CLIP)), 0.0)
-            d_delta += (2 * d_norm * tl.sum(kt * kt, 1))[:, None] * delta
-            dk_t += (2 * d_norm * tl.sum(delta * delta, 1))[:, None] * kt
-        dk_t += dot(d_delta, tl.trans(W), PRECISION)
-        dq_t = (at[:, None] * dot(dot_, tl.trans(W), PRECISION)
-                + bt[:, None] * dot(dot_, tl.trans(S), PRECISION) + dot(d_qk, kt, PRECISION))
-        _store_tokens(dq, dq_t, i_b, i_h, t, mt, rk, mk, T, H, K)
-        _store_tokens(dk, dk_t, i_b, i_h, t, mt, rk, mk, T, H, K)
+            d_delta += (2 * d_norm * k_sq)[:, None] * delta
+            tl.store(dk_coef + g_base + rt, 2 * d_norm * d_sq)
+        else:
+            tl.store(dk_coef + g_base + rt, tl.zeros([BT], dtype=tl.float32))
+        tl.store(ddelta + tok_v, d_delta, mask=mv[None, :])
         _store_tokens(dv, -d_delta, i_b, i_h, t, mt, rv, mv, T, H, V)
         tl.store(dtheta + (i_b * T + t) * H + i_h, dg * clip, mask=mt)
-        tl.store(da + g_base + rt, tl.sum(dot_ * dot(qt, W, PRECISION), 1))
-        tl.store(db + g_base + rt, tl.sum(dot_ * dot(qt, S, PRECISION), 1))
-        # the gradients of the state entering the chunk
-        qt_t = tl.trans(qt)
-        dW_prev = (a_end * dW + dot(qt_t, at[:, None] * dot_, PRECISION)
-                   + dot(tl.trans(kt), d_delta, PRECISION))
-        dS = e_end * dS + b_end * dW + dot(qt_t, bt[:, None] * dot_, PRECISION)
+        dW_prev = a_end * dW + dW_local + dot(tl.trans(kt), d_delta, PRECISION)
+        dS = e_end * dS + b_end * dW + dS_local
         dW = dW_prev
-    tl.store(dw0 + i_bh * K * V + state_offs, dW, mask=state_mask)
-    tl.store(ds0 + i_bh * K * V + state_offs, dS, mask=state_mask)
+    tl.store(dw0 + i_bh * K * V + rk[:, None] * V + rv[None, :], dW, mask=state_mask)
+    tl.store(ds0 + i_bh * K * V + rk[:, None] * V + rv[None, :], dS, mask=state_mask)
+
+
+@triton.jit
+def _titans_bwd_keys_kernel(k, w_last, p_last, w_states, s_states, g_in, delta_in, ddelta,
+                            dk_local, dk_coef, dws, dss, dk, dends, T, NT, H: tl.constexpr,
+                            K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                            BV: tl.constexpr, PRECISION: tl.constexpr):
+    c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
+    mk, mv = rk < K, rv < V
+    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
+    state_mask = mk[:, None] & mv[None, :]
+    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
+    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
+    dW = tl.load(dws + state_offs, mask=state_mask, other=0.0)  # dW', dS': after the chunk
+    dS = tl.load(dss + state_offs, mask=state_mask, other=0.0)
+    e_offs = (i_bh * NT + c) * 3
+    tl.store(dends + e_offs, tl.sum(tl.sum(W * dW, 1), 0))
+    tl.store(dends + e_offs + 1, tl.sum(tl.sum(S * dW, 1), 0))
+    tl.store(dends + e_offs + 2, tl.sum(tl.sum(S * dS, 1), 0))
+    t = c * BT + rt
+    mt = t < T
+    kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
+    g_base = (i_bh * NT + c) * BT
+    tok_v = (g_base + rt)[:, None] * V + rv[None, :]
+    delta = tl.load(delta_in + tok_v, mask=mv[None, :], other=0.0)
+    d_delta = tl.load(ddelta + tok_v, mask=mv[None, :], other=0.0)
+    g = tl.load(g_in + g_base + rt)
+    wl_g = tl.load(w_last + g_base + rt) * g
+    pl_g = tl.load(p_last + g_base + rt) * g
+    dk_t = (tl.load(dk_local + (g_base + rt)[:, None] * K + rk[None, :], mask=mk[None, :], other=0.0)
+            + dot(d_delta, tl.trans(W), PRECISION)
+            - wl_g[:, None] * dot(delta, tl.trans(dW), PRECISION)
+            - pl_g[:, None] * dot(delta, tl.trans(dS), PRECISION)
+            + tl.load(dk_coef + g_base + rt)[:, None] * kt)
+    _store_tokens(dk, dk_t, i_b, i_h, t, mt, rk, mk, T, H, K)
