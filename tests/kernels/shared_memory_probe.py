@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ltm.kernels.delta_rule import chunk as delta_rule  # noqa: E402
 from ltm.kernels.rwkv7 import chunk as rwkv7_chunk  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
+from ltm.kernels.titans import chunk as titans_chunk  # noqa: E402
 
 # the launchers' defaults (the first configuration of each list), which run where no tuning does;
 # the other configurations are only ever tuned on a GPU, where one that does not fit is skipped
@@ -135,13 +136,29 @@ def rwkv7_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     return record_launches(launch)
 
 
+def titans_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
+    # the largest chunk each dtype takes at this head size (64 in bfloat16 only, see chunk.py)
+    B, T, H, chunk = 1, 40, 1, 64 if dtype == torch.bfloat16 else 32
+    q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
+    v, gates = torch.randn(B, T, H, V, dtype=dtype), [torch.rand(B, T, H) for _ in range(3)]
+    w0, s0 = torch.randn(B, H, K, V), torch.randn(B, H, K, V)
+
+    def launch():
+        o, wt, st, w_states, s_states, g = titans_chunk._titans_fwd(
+            q, k, v, *gates, w0, s0, chunk, 1.0, True)
+        titans_chunk._titans_bwd(q, k, v, *gates, w_states, s_states, g, torch.randn_like(o),
+                                 torch.randn_like(wt), torch.randn_like(st), chunk, 1.0)
+    return record_launches(launch)
+
+
 def main(ops: list[str], with_registers: bool = False) -> None:
     # the widest heads the ops take; float16 inputs multiply float32 tiles, as float32 ones do
     K = 128
     for op in ops:
         for dtype in (torch.float32, torch.bfloat16):
             launches = (delta_rule_launches(dtype, K, K) + delta_rule_launches(dtype, K, K, 16)
-                        if op == "delta_rule" else rwkv7_launches(dtype, K, K))
+                        if op == "delta_rule" else rwkv7_launches(dtype, K, K) if op == "rwkv7"
+                        else titans_launches(dtype, K, K))
             for kernel, bound, options in launches:
                 done = compiled(kernel, bound, options)
                 row = {"op": op, "kernel": kernel.fn.__name__, "dtype": str(dtype).split(".")[1],
@@ -153,4 +170,4 @@ def main(ops: list[str], with_registers: bool = False) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--registers"]
-    main(args or ["delta_rule", "rwkv7"], "--registers" in sys.argv)
+    main(args or ["delta_rule", "rwkv7", "titans"], "--registers" in sys.argv)

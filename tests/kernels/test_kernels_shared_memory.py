@@ -17,6 +17,8 @@ KERNELS = {
                    "_bwd_local_kernel", "_bwd_state_kernel", "_bwd_chunk_kernel"},
     "rwkv7": {"_prep_fwd_kernel", "_fwd_state_kernel", "_output_kernel", "_bwd_state_kernel",
               "_bwd_grad_kernel"},
+    "titans": {"_titans_states_kernel", "_titans_output_kernel", "_titans_bwd_local_kernel",
+               "_titans_bwd_state_kernel", "_titans_bwd_keys_kernel"},
 }
 
 
