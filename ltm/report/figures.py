@@ -177,15 +177,10 @@ def latent_figure(by_steps: pd.DataFrame, comparison: pd.DataFrame | None = None
     has_prefix = "prefix NLL" in by_steps and by_steps["prefix NLL"].notna().any()
     has_curves = curves is not None and len(curves) and comparison is not None
     panels = 1 + int(has_prefix) + 2 * int(bool(has_curves))
-    # two panels a row: four in one row were drawn at a third of their size on the page, their
-    # legends at 7 px
-    cols = min(panels, 2)
-    rows = -(-panels // cols)
-    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
-    axes = list(fig.subplots(rows, cols, squeeze=False).flatten())
-    for ax in axes[panels:]:
-        ax.set_visible(False)
-    axes = axes[:panels]
+    # one row no wider than the report's column (1380 px at its 110 dpi): four 4.6-in panels were
+    # drawn at three quarters of their size there, their 7-pt legends at 7 px; two rows cost height
+    fig = Figure(figsize=(min(4.6, 12.4 / panels) * panels, 3.4), layout="constrained")
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
     plain = (comparison[(comparison["kind"] == "plain") & comparison["val_loss"].notna()]
              if comparison is not None and "val_loss" in comparison else pd.DataFrame())
     steps = by_steps["inference steps"]
