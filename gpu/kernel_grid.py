@@ -4,6 +4,15 @@
     python3 gpu/kernel_grid.py --part 2/2 --out DIR [--budget-s 500] [--commit HASH]   # RWKV-7, decode
     python3 gpu/kernel_grid.py --tiny                  # a CPU dry run of the bookkeeping (no timings)
     ... --graph    # each pass also replayed from a CUDA graph: the GPU's time without the host's
+    ... --shapes "1,32768,8,128;..."   # these shapes only, on or off the grid
+
+fla is timed as users install it (`ltm.bench.references`): its Triton path alone (fla_triton:
+FLA_FLASH_QLA=0, FLA_TILELANG=0), and, where flash-qla or tilelang is installed, as installed
+(fla_installed: FlashQLA takes the gated delta rule at K = V = 128, TileLang some shared and
+RWKV-7 kernels), and for the plain delta rule also fla's gated entry with g = 0 (fla_gated_g0, the
+way it reaches FlashQLA). Each path's row says the backends it ran (*_backend, from fla's
+dispatch log); fla_fwd / fla_fb is the fastest path (fla_*_ref names it), x_fla ours against it,
+x_fla_triton_* ours against the Triton path alone. gpu/grid_references.sh installs the backends.
 
 Part 1/2: the delta rule, plain and gated, at every (B, T, H, D) of `ltm.bench.kernels.GRID_SHAPES`
 (B x T 8k-64k tokens, T 512-32k with single sequences of 8k-32k, H 4..32, D 64 and 128), each shape
@@ -79,6 +88,8 @@ def parse(argv: list | None) -> argparse.Namespace:
     parser.add_argument("--warm-timeout-s", type=float, default=300.0)
     parser.add_argument("--warm-only", help="B,T,H,D: compile this shape's head group and exit "
                                             "(the worker of the parallel warm-up)")
+    parser.add_argument("--shapes", default="", metavar="B,T,H,D;...",
+                        help="measure these shapes only, in this order (any shapes, on or off the grid)")
     parser.add_argument("--skip", default="", metavar="B,T,H,D;...",
                         help="grid shapes measured by an earlier call, left out of this one")
     parser.add_argument("--fla-past-hopper-guard", action="store_true",
@@ -101,6 +112,8 @@ def main(argv: list | None = None) -> None:
     if args.tiny:
         order = kg.TINY_ORDER
         grid.decode_batches, grid.decode_heads = kg.TINY_DECODE
+    if args.shapes:
+        order = [tuple(int(n) for n in item.split(",")) for item in args.shapes.split(";") if item]
     skipped = {tuple(int(n) for n in item.split(",")) for item in args.skip.split(";") if item}
     if skipped - set(order):
         raise SystemExit(f"--skip: not grid shapes: {sorted(skipped - set(order))}")

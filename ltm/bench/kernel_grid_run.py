@@ -22,6 +22,8 @@ import triton
 
 from ltm.bench.kernel_grid import as_bench_rows, format_run, run_summary
 from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings
+from ltm.bench.references import (add_errors, backend_label, dispatches, entry, installed_backends,
+                                  references, switched)
 from ltm.kernels import tuning
 from ltm.kernels.delta_rule import triton_chunk_delta_rule, triton_delta_rule_step
 from ltm.kernels.rwkv7 import triton_chunk_rwkv7, triton_rwkv7_step
@@ -87,22 +89,6 @@ def ours(op: str) -> Callable:
     return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"))[0]
 
 
-def fla(op: str) -> Callable | None:
-    """fla's chunked op on make_inputs' dict, or None without fla. fla is optional (the GPU
-    machine's extra, absent on the CPU): imported here, only when a grid row asks for it."""
-    try:
-        if op == "rwkv7":
-            from fla.ops.rwkv7 import chunk_rwkv7
-            return lambda x: chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
-        if op == "gated_delta_rule":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-            return lambda x: chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
-        from fla.ops.delta_rule import chunk_delta_rule
-        return lambda x: chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
-    except ImportError:
-        return None
-
-
 def time_pass(grid: Grid, fn: Callable, x: dict, backward: bool) -> dict:
     """first_s (the untimed first call: compilation, tuning) and the median ms of one pass;
     graph_ms too with `grid.graph` on a GPU."""
@@ -143,28 +129,60 @@ def error_text(err: Exception) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
-def measure(grid: Grid, fn: Callable, x: dict, key: str, row: dict) -> None:
-    """row[key_fwd], row[key_fb] (ms) and their first calls' seconds; errors as strings."""
+def measure(grid: Grid, fn: Callable, x: dict, key: str, row: dict, switches: dict | None = None,
+            ) -> None:
+    """row[key_fwd], row[key_fb] (ms) and their first calls' seconds; errors as strings. With
+    `switches` (an fla reference's, `ltm.bench.references`): each pass runs under them, and
+    row[key_pass_backend] says which backends fla dispatched to in it."""
     for backward in (False, True):
         name = f"{key}_{'fb' if backward else 'fwd'}"
-        try:
-            t = time_pass(grid, fn, x, backward)
-            row[name], row[f"{name}_first_s"] = t["ms"], t["first_s"]
-            if "graph_ms" in t:
-                row[f"{name}_graph"] = t["graph_ms"]
-        except Exception as err:  # fla refuses its gated backward on Hopper with Triton < 3.7.1
-            row[f"{name}_error"] = error_text(err)
+        with switched(switches or {}), dispatches() as log:
+            try:
+                t = time_pass(grid, fn, x, backward)
+                row[name], row[f"{name}_first_s"] = t["ms"], t["first_s"]
+                if "graph_ms" in t:
+                    row[f"{name}_graph"] = t["graph_ms"]
+            except Exception as err:  # fla refuses its gated backward on Hopper with Triton < 3.7.1
+                row[f"{name}_error"] = error_text(err)
+        if switches is not None:
+            row[f"{name}_backend"] = backend_label(log.ran)
+
+
+def measure_references(grid: Grid, op: str, x: dict, row: dict) -> dict:
+    """Every fla path of op (`ltm.bench.references.references`), each pass under its switches,
+    then fla_fwd / fla_fb: the fastest of them, named in fla_*_ref with the backends it ran.
+    Returns name -> (function, switches) of the paths that could be imported."""
+    paths = {}
+    for ref in references(op):
+        fn = entry(ref.entry)
+        if fn is None:
+            row[f"{ref.name}_error"] = "not installed"
+            continue
+        paths[ref.name] = (fn, ref.switches)
+        measure(grid, fn, x, ref.name, row, ref.switches)
+    row["references"] = list(paths)
+    for p in ("fwd", "fb"):
+        times = [(row[f"{name}_{p}"], name) for name in paths if row.get(f"{name}_{p}")]
+        if times:
+            ms, name = min(times)
+            row[f"fla_{p}"], row[f"fla_{p}_ref"] = ms, f"{name} ({row[f'{name}_{p}_backend']})"
+            if row.get(f"{name}_{p}_graph"):
+                row[f"fla_{p}_graph"] = row[f"{name}_{p}_graph"]
+        elif paths:
+            row[f"fla_{p}_error"] = next(row[f"{n}_{p}_error"] for n in paths if f"{n}_{p}_error" in row)
+    return paths
 
 
 def grid_row(grid: Grid, op: str, shape: tuple, ceilings: dict, with_default: bool) -> dict:
     """One (op, shape): ours tuned (with the configurations it took), ours on default
-    configurations if asked, fla, the floors and the ratios, and the errors against fla."""
+    configurations if asked, every fla path (the fastest as fla_*), the floors and the ratios,
+    and the errors against each fla path."""
     torch.manual_seed(0)
     x = make_inputs(op, *shape, torch.bfloat16, grid.device)
     row = {"section": "grid", "op": op, "shape": list(shape)}
-    impls = {"ours": ours(op), "fla": fla(op)}
+    mine = ours(op)
     before = {(r["kernel"], tuple(r["class"])) for r in tuning.chosen()}
-    measure(grid, impls["ours"], x, "ours", row)
+    measure(grid, mine, x, "ours", row)
     row["ours_configs"] = {r["kernel"]: r["best"] for r in tuning.chosen()
                            if (r["kernel"], tuple(r["class"])) not in before}
     if with_default:
@@ -172,20 +190,15 @@ def grid_row(grid: Grid, op: str, shape: tuple, ceilings: dict, with_default: bo
         # ltm.kernels.tuning); "default" is the untuned launch either way
         tuning.AUTOTUNE, autotune = False, tuning.AUTOTUNE
         try:
-            measure(grid, impls["ours"], x, "default", row)
+            measure(grid, mine, x, "default", row)
         finally:
             tuning.AUTOTUNE = autotune
-    if impls["fla"] is None:
+    paths = measure_references(grid, op, x, row)
+    if not paths:
         row["fla_error"] = "not installed"
-    else:
-        measure(grid, impls["fla"], x, "fla", row)
     add_ratios(row, op, shape, ceilings)
-    if row.get("ours_fwd") and row.get("fla_fwd"):
-        with torch.no_grad():
-            o, o_fla = impls["ours"](x).float(), impls["fla"](x).float()
-        row["rel_o_vs_fla"] = ((o - o_fla).norm() / o_fla.norm()).item()
-        if row.get("fla_fb"):
-            row["rel_grad_vs_fla"] = grad_errors(impls, x)
+    if row.get("ours_fwd"):
+        add_errors(mine, paths, x, row)
     del x
     if grid.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -201,6 +214,9 @@ def add_ratios(row: dict, op: str, shape: tuple, ceilings: dict) -> None:
             row[f"x_floor_{p}"] = row[f"ours_{p}"] / row[f"floor_{p}"]
             if row.get(f"fla_{p}"):
                 row[f"x_fla_{p}"] = row[f"fla_{p}"] / row[f"ours_{p}"]
+            for name in row.get("references", ()):
+                if row.get(f"{name}_{p}"):
+                    row[f"x_{name}_{p}"] = row[f"{name}_{p}"] / row[f"ours_{p}"]
             if row.get(f"default_{p}"):
                 row[f"tuned_gain_{p}"] = row[f"default_{p}"] / row[f"ours_{p}"]
         if row.get(f"ours_{p}_graph") and row.get(f"fla_{p}_graph"):
@@ -219,25 +235,6 @@ def grid_rows(grid: Grid, ops: list, shapes: list, ceilings: dict, deadline: flo
             emit(grid_row(grid, op, shape, ceilings, with_default))
 
 
-def grad_errors(impls: dict, x: dict) -> dict:
-    """|d_ours - d_fla| / |d_fla| per input, one backward each with the same output gradient: the
-    GPU check of our backward (the interpreter tests check it against float64 on the CPU)."""
-    leaves = [name for name, t in x.items() if t.requires_grad]
-    grads = {}
-    do = None
-    for name in ("ours", "fla"):
-        for t in x.values():
-            t.grad = None
-        out = impls[name](x)
-        do = torch.randn_like(out) if do is None else do
-        out.backward(do)
-        grads[name] = {n: x[n].grad.float().clone() for n in leaves}
-    for t in x.values():
-        t.grad = None
-    return {n: ((grads["ours"][n] - grads["fla"][n]).norm() / grads["fla"][n].norm()).item()
-            for n in leaves}
-
-
 def head_groups(shapes: list) -> dict:
     """(H, D) -> the first shape with those heads: fla's autotuning and our kernels' compilation
     are keyed on H and D (never on B or T), so one shape per group warms the whole group."""
@@ -253,12 +250,13 @@ def warm_group(grid: Grid, ops: list, shape: tuple) -> None:
     for op in ops:
         torch.manual_seed(0)
         x = make_inputs(op, *shape, torch.bfloat16, grid.device)
-        for fn in (ours(op), fla(op)):
+        runs = [(ours(op), {})] + [(entry(ref.entry), ref.switches) for ref in references(op)]
+        for fn, switches in runs:
             if fn is None:
                 continue
             for backward in (False, True):
                 try:
-                    with torch.enable_grad() if backward else torch.no_grad():
+                    with switched(switches), torch.enable_grad() if backward else torch.no_grad():
                         out = fn(x)
                         if backward:
                             out.backward(torch.randn_like(out))
@@ -353,6 +351,7 @@ def environment(commit: str | None) -> dict:
         fla_version = None
     return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
+            "fla_backends_installed": installed_backends(),
             "commit": commit, "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16",
             "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"}}
 
