@@ -146,6 +146,8 @@ def measure(grid: Grid, fn: Callable, x: dict, key: str, row: dict, switches: di
                 row[f"{name}_error"] = error_text(err)
         if switches is not None:
             row[f"{name}_backend"] = backend_label(log.ran)
+            if log.rejected:
+                row[f"{name}_rejected"] = sorted(log.rejected)
 
 
 def measure_references(grid: Grid, op: str, x: dict, row: dict) -> dict:

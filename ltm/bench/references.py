@@ -57,11 +57,10 @@ def entry(name: str) -> Callable[[dict], torch.Tensor] | None:
         if name == "rwkv7":
             from fla.ops.rwkv7 import chunk_rwkv7
             return lambda x: chunk_rwkv7(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"])[0]
-        if name == "gated_delta_rule":
+        if name in ("gated_delta_rule", "gated_delta_rule_g0"):
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-            return lambda x: chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
-        if name == "gated_delta_rule_g0":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+            if name == "gated_delta_rule":
+                return lambda x: chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
             return lambda x: chunk_gated_delta_rule(
                 x["q"], x["k"], x["v"], torch.zeros(x["beta"].shape, device=x["beta"].device),
                 x["beta"])[0]
@@ -90,17 +89,22 @@ def switched(switches: dict) -> Iterator[None]:
 
 
 class DispatchLog(logging.Handler):
-    """Collects fla's "[FLA Backend] op.function -> backend" lines (the accepted dispatches; a
-    "rejected" line names a backend that did not run)."""
+    """Collects fla's "[FLA Backend] ..." lines: the dispatches that ran ("op.function ->
+    backend") in `ran`; in `rejected` the refusals with fla's reason and fla's notes on a backend
+    it cannot use (why fla as installed ran its Triton kernels at a shape)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.ran: set[str] = set()
+        self.rejected: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("[FLA Backend]") and " -> " in message and "rejected" not in message:
-            self.ran.add(message.removeprefix("[FLA Backend]").strip())
+        if not message.startswith("[FLA Backend]"):
+            return
+        line = message.removeprefix("[FLA Backend]").strip()
+        # a refusal, or a note such as "TileLang is installed but no usable nvcc ... was found"
+        (self.ran if " -> " in line and " rejected" not in line else self.rejected).add(line)
 
 
 def _forget_dispatches() -> None:
@@ -121,7 +125,9 @@ def _forget_dispatches() -> None:
 def dispatches() -> Iterator[DispatchLog]:
     """The backends fla dispatches to inside the block, in the yielded handler's `ran`."""
     _forget_dispatches()
-    logger = logging.getLogger("fla.backends")
+    # fla's own logger: its dispatcher logs under fla.backends, its checks (a missing nvcc
+    # disables TileLang) under fla.utils
+    logger = logging.getLogger("fla")
     handler, level = DispatchLog(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ltm.bench.kernel_grid import grid_summary
-from ltm.report.records import latest_grid
+from ltm.report.records import latest_grid, reference_rows, reference_summary
 
 # the study's control that answers "did latents help" first, then the instrument's check
 STUDY_HEADLINE = ("the plain model with as many parameters (equal tokens)", "z of another sequence")
@@ -54,8 +54,20 @@ def kernels_line(bench_records: Path) -> str:
     parts = [f"{r['op']} {r['pass']} {r['geomean_x_fla']:.2f}x (worst {r['worst_x_fla']:.2f}x at "
              f"{r['worst_shape']})" for r in summary]
     return (f"Kernels against fla's Triton path (recorded on {', '.join(devices) or 'a GPU'}; fla "
-            "time / ours, geometric mean over the grid): " + "; ".join(parts)
-            + ". Not yet against fla with its FlashQLA and TileLang backends.")
+            "time / ours, geometric mean over the grid): " + "; ".join(parts) + ". "
+            + references_line(Path(bench_records) / "references"))
+
+
+def references_line(folder: Path) -> str:
+    """Ours against the fastest fla path as installed (FlashQLA, TileLang), per op and pass."""
+    summary = reference_summary(reference_rows(folder))
+    if summary.empty:
+        return "Not yet against fla with its FlashQLA and TileLang backends."
+    parts = [f"{r['op']} {r['pass']} worst {r['worst x_best']:.2f}x at {r['worst shape']} "
+             f"(geomean {r['geomean x_best']:.2f}x over {r['shapes']})"
+             for _, r in summary.iterrows() if r["worst x_best"] == r["worst x_best"]]
+    return ("Against fla as installed with FlashQLA and TileLang (the fastest fla path per shape, "
+            "few shapes so far): " + "; ".join(parts) + ".")
 
 
 def changed_line(summary: pd.DataFrame) -> str:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from ltm.bench.kernel_grid import grid_table
+from ltm.bench.kernel_grid import geomean, grid_table
 
 
 def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, dict]]:
@@ -96,3 +96,54 @@ def recorded_kernel_rows(folder: str | Path) -> pd.DataFrame:
                          "case": f"{row['B']},{row['T']},{row['H']},{row['D']}",
                          "impl": row["impl"], "ms": row["ms"], "record": path.name})
     return pd.DataFrame(rows)
+
+
+# the fla paths a references record may hold (`ltm.bench.references.REFERENCES`), in table order
+REFERENCE_PATHS = ("fla_triton", "fla_installed", "fla_gated_g0")
+
+
+def reference_rows(folder: str | Path) -> pd.DataFrame:
+    """The kernel-grid records that timed fla as users install it (`gpu/grid_references.sh`,
+    kept in `folder`): one row per measured (op, shape, pass) and record, repeats kept: ours and
+    each fla path in ms with the backends it ran, the fastest path, x_best (its time over ours:
+    above 1, ours is faster) and x_triton (fla's Triton path over ours). Empty without records."""
+    rows = []
+    for path, record in read_records(folder, "grid", "kernel-grid references"):
+        for g in record["grid"]:
+            if "skipped" in g or not g.get("references"):
+                continue
+            for p, pass_ in (("fwd", "fwd"), ("fb", "fwd+bwd")):
+                if not g.get(f"ours_{p}"):
+                    continue
+                row = {"op": g["op"], "shape": ",".join(map(str, g["shape"])), "pass": pass_,
+                       "ours_ms": g[f"ours_{p}"], "device": record["device"],
+                       "commit": (record.get("commit") or "")[:7], "record": path.name}
+                for name in REFERENCE_PATHS:
+                    if g.get(f"{name}_{p}"):
+                        row[f"{name}_ms"] = g[f"{name}_{p}"]
+                        row[f"{name}_backend"] = g.get(f"{name}_{p}_backend")
+                row["fastest_fla"] = g.get(f"fla_{p}_ref")
+                row["x_best"] = g[f"fla_{p}"] / g[f"ours_{p}"] if g.get(f"fla_{p}") else None
+                row["x_triton"] = (g[f"fla_triton_{p}"] / g[f"ours_{p}"]
+                                   if g.get(f"fla_triton_{p}") else None)
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def reference_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per op and pass of `reference_rows`: the shapes measured, the geometric mean of x_best
+    over shapes (a shape measured more than once counts with its worst x_best) and the worst
+    x_best with its shape, and the same against fla's Triton path alone."""
+    if rows.empty:
+        return pd.DataFrame()
+    out = []
+    for (op, pass_), group in rows.groupby(["op", "pass"], sort=False):
+        worst = group.groupby("shape")[["x_best", "x_triton"]].min()
+        best, triton = worst["x_best"].dropna(), worst["x_triton"].dropna()
+        out.append({"op": op, "pass": pass_, "shapes": len(worst),
+                    "geomean x_best": geomean(list(best)) if len(best) else None,
+                    "worst x_best": best.min() if len(best) else None,
+                    "worst shape": best.idxmin() if len(best) else None,
+                    "geomean x_triton": geomean(list(triton)) if len(triton) else None,
+                    "worst x_triton": triton.min() if len(triton) else None})
+    return pd.DataFrame(out)

@@ -14,6 +14,7 @@ from ltm.params import load_section
 from ltm.report.headline import headline
 from ltm.report.render import render_html
 from ltm.report.recall import recall_section
+from ltm.report.references import kernel_references_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
                              kernel_history_section, latent_section, prior_section,
@@ -48,7 +49,9 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 prior_section(results, plots_dir), ablate_section(plots_dir, results),
                 benchmark_section(plots_dir), recall_section(results, plots_dir, env["commit"]),
                 samples_section(Path(samples_path) if samples_path else None),
-                kernel_history_section(Path(bench_records)), gpu_section(Path(gpu_records)),
+                kernel_history_section(Path(bench_records)),
+                kernel_references_section(Path(bench_records) / "references"),
+                gpu_section(Path(gpu_records)),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),
                 gpu_time_to_target_section(Path(gpu_records) / "ttt")]
     Path(output).parent.mkdir(parents=True, exist_ok=True)

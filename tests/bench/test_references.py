@@ -29,8 +29,11 @@ def test_the_dispatch_log_keeps_the_backends_that_ran_not_those_rejected():
         logger.info("[FLA Backend] gated_delta_rule.chunk_gated_delta_rule -> flash_qla")
         logger.info("[FLA Backend] common.chunk_bwd_dv -> tilelang rejected: K=64")
         logger.info("something else")
+        logging.getLogger("fla.utils").info("[FLA Backend] TileLang is installed but no usable nvcc")
     logger.info("[FLA Backend] rwkv7.chunk -> tilelang")  # after the block: not collected
     assert log.ran == {"gated_delta_rule.chunk_gated_delta_rule -> flash_qla"}
+    assert log.rejected == {"common.chunk_bwd_dv -> tilelang rejected: K=64",
+                            "TileLang is installed but no usable nvcc"}
     assert refs.backend_label(log.ran) == "flash_qla"
     assert refs.backend_label(set()) == "triton"
     assert refs.backend_label({"a.f -> tilelang", "b.g -> flash_qla"}) == "flash_qla+tilelang"

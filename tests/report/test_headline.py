@@ -51,5 +51,7 @@ def test_the_kernel_line_names_the_reference_it_was_measured_against(tmp_path):
     records = Path(__file__).resolve().parents[2] / "records" / "bench"
     line = kernels_line(records)
     assert "fla's Triton path" in line and "delta_rule fwd" in line and "worst" in line
-    assert "Not yet against fla with its FlashQLA" in line
+    assert "Against fla as installed with FlashQLA" in line and "gated_delta_rule fwd+bwd worst" in line
+    (tmp_path / "grid.json").write_text((records / sorted(p.name for p in records.glob("kernel-grid-part1*.json"))[-1]).read_text())
+    assert "Not yet against fla with its FlashQLA" in kernels_line(tmp_path)
 

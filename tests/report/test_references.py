@@ -1,0 +1,59 @@
+"""The report's references section and its readers (`ltm.report.records.reference_rows`,
+`reference_summary`): each measured pass with the backends it ran, the fastest path, and a shape
+measured twice counted with its worse ratio."""
+import json
+
+import pytest
+
+from ltm.report.records import reference_rows, reference_summary
+from ltm.report.references import kernel_references_section
+
+
+def grid_row(shape, ours, triton, installed, backend="flash_qla"):
+    """A `gpu/grid_references.sh` row of the gated delta rule, forward only."""
+    return {"section": "grid", "op": "gated_delta_rule", "shape": shape,
+            "references": ["fla_triton", "fla_installed"], "ours_fwd": ours,
+            "fla_triton_fwd": triton, "fla_triton_fwd_backend": "triton",
+            "fla_installed_fwd": installed, "fla_installed_fwd_backend": backend,
+            "fla_fwd": min(triton, installed),
+            "fla_fwd_ref": "fla_installed (flash_qla)" if installed < triton else "fla_triton (triton)"}
+
+
+def write(folder, name, rows):
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(json.dumps({"device": "GPU X", "commit": "abcdef123", "grid": rows,
+                                           "versions_backends": {"flash-qla": "0.1.3"}}))
+
+
+def test_each_pass_gives_every_path_its_backend_and_the_ratios(tmp_path):
+    write(tmp_path, "a.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5),
+                               {"section": "grid", "op": "gated_delta_rule", "shape": [2, 64, 2, 128],
+                                "skipped": "budget spent"}])
+    rows = reference_rows(tmp_path)
+    assert len(rows) == 1
+    row = rows.iloc[0]
+    assert row["shape"] == "1,64,2,128" and row["pass"] == "fwd" and row["commit"] == "abcdef1"
+    assert row["fla_installed_backend"] == "flash_qla" and row["fla_triton_backend"] == "triton"
+    assert row["x_best"] == pytest.approx(0.5) and row["x_triton"] == pytest.approx(3.0)
+    assert row["fastest_fla"] == "fla_installed (flash_qla)"
+
+
+def test_the_summary_counts_a_repeated_shape_with_its_worse_ratio(tmp_path):
+    write(tmp_path, "a.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5),
+                               grid_row([4, 64, 2, 128], 1.0, 3.0, 2.0)])
+    write(tmp_path, "b.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.8)])
+    (summary,) = reference_summary(reference_rows(tmp_path)).to_dict("records")
+    assert summary["shapes"] == 2 and summary["worst x_best"] == pytest.approx(0.5)
+    assert summary["worst shape"] == "1,64,2,128"
+    assert summary["geomean x_best"] == pytest.approx((0.5 * 2.0) ** 0.5)
+    assert summary["worst x_triton"] == pytest.approx(3.0)
+
+
+def test_the_section_shows_the_summary_then_every_measurement(tmp_path):
+    assert kernel_references_section(tmp_path / "missing").tables == []
+    write(tmp_path, "a.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5)])
+    section = kernel_references_section(tmp_path)
+    summary, measured = section.tables
+    assert list(summary["op"]) == ["gated_delta_rule"] and section.folded
+    assert "fla_installed_backend" in measured and "fla_gated_g0_ms" not in measured
+    assert "flash-qla 0.1.3" in section.note and "GPU X" in section.note
