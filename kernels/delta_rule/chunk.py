@@ -24,7 +24,8 @@ gradients, dq, the in-chunk score gradient dS), `_bwd_state_kernel` (sequential,
 rest of dD and of the state gradients), `_bwd_chunk_kernel` (chunk-parallel: dk, dv, dbeta, dg).
 dq moved from `_bwd_chunk` to `_bwd_local` on 2026-11-25: it needs only the saved D and states, and
 `_bwd_chunk`'s registers at K = 128 (bf16 spills 904 -> 332 bytes per thread) paid for the second
-read of them (forward+backward 2-14% faster over 8 shapes, GPU time; LOG.md). Tested against
+read of them (forward+backward 2-14% faster over 8 shapes, GPU time; LOG.md). The sequential passes' launches
+(one kernel, or by segments) are in `state_passes.py`. Tested against
 `ltm.ops.delta_rule.naive.naive_delta_rule`. Every kernel takes H (the states: beta's, g's and the
 outputs' heads) and HQ (the heads of q, k, v; H a multiple of it, see "grouped heads" below).
 """
@@ -36,11 +37,12 @@ import torch
 
 from ltm.kernels import tuning
 from ltm.kernels.common import (block_size, cdiv, check_btd, check_dtype, check_head_dim, check_state,
-                                dot_precision, intermediate_dtype, nan_buffer, poisoning_buffers)
-from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
-from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
-                                              _segment_states_kernel)
+                                dot_precision, intermediate_dtype, nan_buffer)
+from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel
+from ltm.kernels.delta_rule.chunk_fwd import _output_kernel
 from ltm.kernels.delta_rule.chunk_prep import _prep_fwd_kernel
+from ltm.kernels.delta_rule.state_passes import (_args, _bwd_states, _fwd_overlapped, _fwd_states,
+                                                 _overlap_counts)
 # the launch choices, imported by name: `chunk.CHUNK`, `chunk._bwd_chunk_configs`, ... read as
 # before (patch `launch_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
 from ltm.kernels.delta_rule import launch_choices
@@ -129,88 +131,6 @@ def _overlaps(cls: tuple, NT: int, backward: bool, opts: _Options) -> bool:
     return launch_choices._overlaps_output(cls, NT, backward, segments=opts.segments)
 
 
-# each kernel's argument names, read once at import: read at every launch, `JITFunction.arg_names`
-# broke torch.compile's graph once per layer (dynamo: "Unsupported hasattr call"; H100, torch 2.11)
-_ARG_NAMES = {kernel.__name__: tuple(kernel.arg_names) for kernel in (
-    _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel, _output_kernel, _prep_fwd_kernel)}
-
-
-def _args(kernel: str, *values) -> dict:
-    """The arguments of the kernel named `kernel` by name, up to the tuned ones (BV, warps,
-    stages), which `tuning.launch` adds."""
-    return dict(zip(_ARG_NAMES[kernel], values))
-
-
-def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None):
-    """The forward's state pass: the state entering each chunk into h, D into d, the final state
-    into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
-    "Segments": off by default; `segments`: one call's (min_chunks, fill)). fused_o = (q, o,
-    scale): the outputs into o in the same pass (one segment only); h and d may then be None (not
-    stored)."""
-    T, H, HQ, K, V = dims
-    BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
-    NT = cdiv(T, BT)
-    seg = (NT if fused_o is not None else launch_choices._segment_chunks(cls, NT) if segments is None
-           else launch_choices._segment_chunks(cls, NT, *segments))
-    NS = cdiv(NT, seg)
-    q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
-    common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H, "HQ": HQ,
-              "SEG": seg, "K": K, "BT": BT, "BK": BK, "PRECISION": precision}
-    pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": h is not None, "SEGMENTED": NS > 1,
-                   "TRANSITION": False, "FUSE_O": fused_o is not None}
-    if NS > 1:
-        f32, dev = torch.float32, k.device
-        ends, trans = nan_buffer((BH * NS, K, V), f32, dev), nan_buffer((BH * NS, K, K), f32, dev)
-        starts = nan_buffer((BH * NS, K, V), f32, dev)
-        for width, extra in ((V, {"u": u, "ht": ends, "TRANSITION": False}),
-                             (K, {"u": None, "ht": trans, "TRANSITION": True})):
-            tuning.launch("delta_rule.fwd_segment", _fwd_kernel,
-                          lambda m, width=width: (cdiv(width, m["BV"]), BH, NS),
-                          _sequential_configs(cls), cls,
-                          {**common, "h": None, "d": None, "h0": None, "V": width, "USE_H0": False,
-                           "STORE_HT": True, "STORE_HD": False, "SEGMENTED": True, "FUSE_O": False,
-                           **extra})
-        tuning.launch("delta_rule.fwd_segment_states", _segment_states_kernel,
-                      lambda m: (cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
-                      {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,
-                       "V": V, "BK": BK, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
-                       "PRECISION": "tf32x3"})  # float32-level: the states' sums over segments
-        h0, ht = starts, None
-    name, configs = (("delta_rule.fwd_output", launch_choices._fused_output_configs(cls))
-                     if fused_o is not None else ("delta_rule.fwd", _sequential_configs(cls)))
-    tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, NS), configs, cls,
-                  {**common, **pass_kwargs, "h0": h0, "ht": ht, "USE_H0": h0 is not None,
-                   "STORE_HT": ht is not None})
-
-
-def _fwd_overlapped(k, w, u, gcum, h, d, h0, ht, q, o, scale, dims, precision, cls, ready):
-    """The state pass and the outputs in one launch (`_fwd_overlapped_kernel`): the output
-    programs take each chunk as soon as the states and D of its group of EVERY chunks are stored,
-    on the SMs the state pass leaves idle. `ready` (`_overlap_counts`) holds the start tickets and
-    the per-group counts, zeroed by the prep."""
-    T, H, HQ, K, V = dims
-    BT, BH = CHUNK, k.shape[0] * H
-    NT = cdiv(T, BT)
-    tuning.launch("delta_rule.fwd_overlapped", _fwd_overlapped_kernel,
-                  lambda m: (cdiv(V, m["BV"]) * BH + cdiv(V, m["BVO"]) * NT * BH,),
-                  launch_choices._overlapped_configs(cls), cls,
-                  {"k": k, "w": w, "u": u, "gcum": gcum, "h": h, "d": d, "h0": h0, "ht": ht, "q": q,
-                   "o": o, "scale": scale, "ready": ready, "T": T, "H": H, "HQ": HQ, "BH": BH, "K": K,
-                   "V": V, "BT": BT, "BK": block_size(K), "USE_H0": h0 is not None,
-                   "STORE_HT": ht is not None, "PRECISION": precision},
-                  restore=("ready",))
-
-
-def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
-    """`_fwd_overlapped_kernel`'s counters, the start ticket then at most NT group counts per
-    state, for the prep to zero (its ZERO_READY: one launch less than a memset, 2,8192,8,128
-    forward 0.2586 against 0.2612 ms of CUDA-graph time, H100). Under LTM_POISON_BUFFERS (the
-    tests) they start at -1, so that a count the prep fails to zero shows."""
-    if poisoning_buffers():
-        return torch.full((1 + BH * NT,), -1, dtype=torch.int32, device=device)
-    return torch.empty(1 + BH * NT, dtype=torch.int32, device=device)
-
-
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True,
                     options=None):
     """The forward; g None: no decay; `backward` False: nothing is kept for a backward (no L^-1;
@@ -297,13 +217,8 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options
                   _bwd_local_configs(cls), cls,
                   {**_args("_bwd_local_kernel", q, k, d, h, gcum, do, dd, dh_local, dq, ds, dg_local,
                            scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
-    # it adds to dd and may write dh over dh_local: tuning restores them after each timed run
-    tuning.launch("delta_rule.bwd_state", _bwd_state_kernel,
-                  lambda m: (cdiv(V, m["BV"]), B * H), _sequential_configs(cls), cls,
-                  {**_args("_bwd_state_kernel", k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K, V,
-                           BT, BK),
-                   "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None, "PRECISION": precision},
-                  restore=("dd", "dh_local"))
+    _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, (T, H, HQ, K, V), precision, cls,
+                opts.segments)
     dv = nan_buffer((B, T, H, V), v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
@@ -391,9 +306,10 @@ def triton_chunk_delta_rule(
             `launch_choices._fuses_output`'s rule).
         overlap_output: the state pass and the outputs in one launch, likewise, wherever the
             sequence has two chunks or more (default `launch_choices._overlaps_output`'s rule).
-        segments: (min_chunks, fill): the forward's state pass by segments of at least
-            min_chunks chunks (0: off), as many as bring the programs to about fill times the
-            SMs (default `launch_choices.SEGMENTED_FORWARD`, `MIN_SEGMENT_CHUNKS`, `SEGMENT_FILL`).
+        segments: (min_chunks, fill): the forward's and the backward's state passes by segments
+            of at least min_chunks chunks (0: off), as many as bring the programs to about fill
+            times the SMs (default `launch_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`,
+            `MIN_SEGMENT_CHUNKS`, `SEGMENT_FILL`).
         bwd_buffers: the backward's buffer dtypes by name ("dd", "dh_local", "dh"), "mid" (the
             intermediates' dtype) or "f32"; names left out keep `BWD_BUFFERS`'.
     """

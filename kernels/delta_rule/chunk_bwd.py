@@ -73,47 +73,72 @@ def _bwd_local_kernel(q, k, d, h, gcum, do, dd, dh, dq, ds, dg_local, scale, T, 
 @triton.jit
 def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
-                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr):
+                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr, SEG=0,
+                      SEGMENTED: tl.constexpr = False, MODE: tl.constexpr = 0):
     # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
     # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD. It reads each chunk's
     # (exp(G) Q)^T dO from dh_local and writes the gradient of its end state to dh (the same
-    # buffer, or two of different dtypes: chunk.py's BWD_BUFFERS)
+    # buffer, or two of different dtypes: chunk.py's BWD_BUFFERS).
+    # SEGMENTED: program (i_v, i_bh, i_s) walks segment i_s (chunks i_s SEG .. i_s SEG + SEG - 1)
+    # from dht[i_bh NS + i_s] (or zeros) down to its start, whose gradient goes to
+    # dh0[i_bh NS + i_s]. MODE 0 stores dD and dh as above; MODE 1 stores nothing on the way (the
+    # segment's own share of the gradient at its start, from a zero gradient at its end); MODE 2
+    # starts from the identity with no dO (V = K): its end is the segment's transition transposed,
+    # P_s^T (launch_choices.py, "Segments"). Unsegmented (the default) compiles as before.
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
+    if SEGMENTED:
+        i_s, NS = tl.program_id(2), tl.num_programs(2)
+        t_first, t_end = i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)
+    else:
+        i_s, NS, t_first, t_end = 0, 1, 0, NT
     idx = tl.arange(0, BT)
     # (BK, BV): gradient of the state leaving the current chunk
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
-        p_dht = state_tile(dht, i_bh, K, V, i_v * BV, BK, BV)
+    if MODE == 2:
+        eye = tl.arange(0, BK)[:, None] == (i_v * BV + tl.arange(0, BV))[None, :]
+        b_ds += tl.where(eye, 1., 0.)
+    elif USE_DHT:
+        p_dht = state_tile(dht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_ds += load_tile(p_dht).to(tl.float32)
-    for j in range(NT):
-        i_t = NT - 1 - j
+    for j in range(t_end - t_first):
+        i_t = t_end - 1 - j
         rows = i_t * BT + idx
         valid = rows < T
-        p_local = state_tile(dh_local, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
-        p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        # (the pointers and loads in this order: the unsegmented pass compiles as before segments)
+        if MODE != 2:
+            p_local = state_tile(dh_local, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        if MODE == 0:
+            p_dh = state_tile(dh, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
         p_k = seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
         # W^T as stored (BK, BT): no transpose in registers on the sequential path
         p_wt = seq_tile_t(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-        p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-        # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the gradient of its end state
-        b_local = load_tile(p_local).to(tl.float32)
-        store_tile(p_dh, b_ds)
+        if MODE != 2:
+            p_dd = seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+            # (BK, BV): the chunk's own (exp(G) Q)^T dO, replaced below by the end state's gradient
+            b_local = load_tile(p_local).to(tl.float32)
+        if MODE == 0:
+            store_tile(p_dh, b_ds)
         b_k = load_tile(p_k)
         b_wt = load_tile(p_wt)
         b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
-        b_dd = load_tile(p_dd).to(tl.float32)
         # the decay on the product's (BT, BV) rows rather than on K's (BT, BK) ones (same maths)
-        b_dd += k_decay[:, None] * dot(b_k, b_ds, PRECISION)
-        store_tile(p_dd, b_dd)
-        b_ds = b_ds * tl.exp(G_last) + b_local - dot(b_wt, b_dd, PRECISION)
+        if MODE == 2:
+            b_dd = k_decay[:, None] * dot(b_k, b_ds, PRECISION)
+            b_ds = b_ds * tl.exp(G_last) - dot(b_wt, b_dd, PRECISION)
+        else:
+            b_dd = load_tile(p_dd).to(tl.float32)
+            b_dd += k_decay[:, None] * dot(b_k, b_ds, PRECISION)
+            if MODE == 0:
+                store_tile(p_dd, b_dd)
+            b_ds = b_ds * tl.exp(G_last) + b_local - dot(b_wt, b_dd, PRECISION)
     if STORE_DH0:
-        p_dh0 = state_tile(dh0, i_bh, K, V, i_v * BV, BK, BV)
+        p_dh0 = state_tile(dh0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         store_tile(p_dh0, b_ds)
 
 

@@ -141,14 +141,19 @@ def _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H,
 @triton.jit
 def _segment_states_kernel(p, e, h0, hs, ht, NS, K: tl.constexpr, V: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
-                           STORE_HT: tl.constexpr, PRECISION: tl.constexpr):
+                           STORE_HT: tl.constexpr, PRECISION: tl.constexpr,
+                           REVERSE: tl.constexpr = False):
     # sequential over the segments: S_{s+1} = P_s S_s + E_s from each segment's transition P_s
-    # (K, K) and its end state from zeros E_s; the state entering segment s goes to hs[i_bh NS + s]
+    # (K, K) and its end state from zeros E_s; the state entering segment s goes to hs[i_bh NS + s].
+    # REVERSE (the backward): the segments last to first, P_s^T given as p, E_s the gradient at
+    # segment s's start from a zero one at its end, h0 the final state's gradient; hs then gets
+    # the gradient at each segment's end and ht the initial state's
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_s += load_tile(state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)
-    for i_s in range(NS):
+    for j in range(NS):
+        i_s = NS - 1 - j if REVERSE else j
         store_tile(state_tile(hs, i_bh * NS + i_s, K, V, i_v * BV, BK, BV), b_s)
         b_p = load_tile(state_tile(p, i_bh * NS + i_s, K, K, 0, BK, BK))
         b_e = load_tile(state_tile(e, i_bh * NS + i_s, K, V, i_v * BV, BK, BV))

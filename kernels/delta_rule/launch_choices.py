@@ -221,6 +221,10 @@ def _bwd_chunk_configs(shape_class: tuple) -> list:
 # 0.513): the 3x work costs more than the programs gain. tests/kernels/test_kernels_delta_rule.py
 # checks it.
 SEGMENTED_FORWARD = False
+# the backward's state pass by segments likewise (`chunk._bwd_states`: two segment-parallel
+# passes, the transition's transpose and a reverse combine, ~3x the sequential work): off, not yet
+# timed on a GPU (2026-11-27)
+SEGMENTED_BACKWARD = False
 MIN_SEGMENT_CHUNKS = 8
 # segments bring the programs to about SEGMENT_FILL times the SM count (more segments, more of the
 # 3x work; gpu/host_overhead.py --segment-fill sweeps it)
@@ -228,13 +232,15 @@ SEGMENT_FILL = 2
 
 
 def _segment_chunks(shape_class: tuple, NT: int, min_chunks: int | None = None,
-                    fill: int | None = None) -> int:
-    """Chunks per segment of the forward's state pass; NT (one segment) unless SEGMENTED_FORWARD
+                    fill: int | None = None, backward: bool = False) -> int:
+    """Chunks per segment of the forward's (`backward`: the backward's) state pass; NT (one
+    segment) unless SEGMENTED_FORWARD (SEGMENTED_BACKWARD)
     and the programs of 32-wide value blocks fill less than the SMs, then as many segments as
     bring them to about SEGMENT_FILL times the SM count, each at least MIN_SEGMENT_CHUNKS long.
     `min_chunks` and `fill` (one call's `segments`, `triton_chunk_delta_rule`) replace the module's
     setting: segments of at least `min_chunks` chunks (0: off) to about `fill` times the SMs."""
-    segmented = SEGMENTED_FORWARD if min_chunks is None else min_chunks > 0
+    default = SEGMENTED_BACKWARD if backward else SEGMENTED_FORWARD
+    segmented = default if min_chunks is None else min_chunks > 0
     min_chunks = MIN_SEGMENT_CHUNKS if min_chunks is None else max(1, min_chunks)
     fill = SEGMENT_FILL if fill is None else fill
     programs, sms = _programs_32(shape_class), shape_class[-1]

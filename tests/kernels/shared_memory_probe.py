@@ -47,6 +47,8 @@ def record_launches(launch) -> list[tuple]:
     def record(self, *args, grid, warmup, **kwargs):
         options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
         bound = dict(zip(self.arg_names, args), **kwargs)
+        # the arguments a launch leaves to the kernel's defaults (a segmented pass's switches)
+        bound |= {p.name: p.default for p in self.params if p.name not in bound and p.has_default}
         calls.append((self, bound, options))
 
     original = JITFunction.run
@@ -107,6 +109,12 @@ def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[
         o, ht, saved = delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True)
         delta_rule._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
                                    torch.randn_like(ht))
+        # the state passes by segments, forward and backward (off by default; forced here)
+        segmented = delta_rule._Options(segments=(1, 8))
+        o, ht, saved = delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True,
+                                                  options=segmented)
+        delta_rule._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
+                                   torch.randn_like(ht), options=segmented)
         # the forward without a backward: the state pass with the outputs fused in (forced: the
         # launcher's rule takes it only where programs are many)
         fuses, delta_rule.launch_choices._fuses_output = delta_rule.launch_choices._fuses_output, lambda *a: True

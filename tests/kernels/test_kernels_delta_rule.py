@@ -333,3 +333,17 @@ def test_segmented_forward_matches_the_token_loop(monkeypatch, B, T, H, K, V, de
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
     assert "delta_rule.fwd_segment_states" in launched
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", SEGMENT_CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
+def test_segmented_backward_matches_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype):
+    # the backward's state pass by segments (`launch_choices.SEGMENTED_BACKWARD`), the forward's
+    # one pass: every gradient and the initial state's against float64
+    from ltm.kernels.delta_rule import launch_choices
+    monkeypatch.setattr(launch_choices, "SEGMENTED_BACKWARD", True)
+    monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
+    assert "delta_rule.bwd_segment_states" in launched and "delta_rule.fwd_segment_states" not in launched

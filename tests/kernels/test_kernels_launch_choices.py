@@ -33,6 +33,9 @@ def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
     few = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)  # 16 programs of 32 columns
     many = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256
     assert choices._segment_chunks(few, 128) == 128  # off by default
+    monkeypatch.setattr(choices, "SEGMENTED_BACKWARD", True)
+    assert choices._segment_chunks(few, 128) == 128  # the forward's own switch
+    assert choices.MIN_SEGMENT_CHUNKS <= choices._segment_chunks(few, 128, backward=True) < 128
     monkeypatch.setattr(choices, "SEGMENTED_FORWARD", True)
     assert choices._segment_chunks(many, 32) == 32
     seg = choices._segment_chunks(few, 128)

@@ -61,7 +61,8 @@ SWITCHES = {
                                              lambda cls, NT, backward=True: NT > 1)),
     "segments": ({"segments": (2, 4)},
                  lambda mp: [mp.setattr(launch_choices, name, value) for name, value in
-                             (("SEGMENTED_FORWARD", True), ("MIN_SEGMENT_CHUNKS", 2), ("SEGMENT_FILL", 4))]),
+                             (("SEGMENTED_FORWARD", True), ("SEGMENTED_BACKWARD", True),
+                              ("MIN_SEGMENT_CHUNKS", 2), ("SEGMENT_FILL", 4))]),
 }
 
 

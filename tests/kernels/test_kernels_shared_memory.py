@@ -14,7 +14,8 @@ PROBE = Path(__file__).with_name("shared_memory_probe.py")
 HOPPER_BLOCK_SHARED_BYTES = 232_448
 KERNELS = {
     "delta_rule": {"_prep_fwd_kernel", "_fwd_kernel", "_output_kernel", "_fwd_overlapped_kernel",
-                   "_bwd_local_kernel", "_bwd_state_kernel", "_bwd_chunk_kernel"},
+                   "_bwd_local_kernel", "_bwd_state_kernel", "_bwd_chunk_kernel",
+                   "_segment_states_kernel"},
     "rwkv7": {"_prep_fwd_kernel", "_fwd_state_kernel", "_output_kernel", "_bwd_state_kernel",
               "_bwd_grad_kernel"},
     "titans": {"_titans_states_kernel", "_titans_output_kernel", "_titans_bwd_local_kernel",
