@@ -7,20 +7,8 @@
 set -u
 out=${OUT:-gpu/results}
 mkdir -p "$out/runs"
-export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))'
-left() { echo $((${BUDGET:-570} - SECONDS)); }
-train() {  # name, limit, --set items
-  local name=$1 limit=$2; shift 2
-  (($(left) < 40)) && { echo "== $name SKIPPED (out of time)"; return; }
-  ((limit > $(left))) && limit=$(left)
-  local sets=(); for item in "$@"; do sets+=(--set "$item"); done
-  echo "== $name: $*"
-  timeout -k 10 "$limit" python3 -m ltm.stages.train --params configs/gpu.yaml "${sets[@]}" \
-    --set train.steps=30 --no-progress --out "/tmp/runs/$name" --metrics "$out/runs/$name.json" \
-    > "/tmp/$name.log" 2>&1 || { echo "== $name FAILED (exit $?)"; tail -5 "/tmp/$name.log"; }
-  grep -v "^\s*$" "/tmp/$name.log" | tail -3
-}
+source "$(dirname "$0")/train_runs.sh"
 titans=(model.mixer=titans model.kernel=triton model.titans_depth=1)
 if [[ ${PART:-1} == 1 ]]; then
   timeout 150 python3 -m pytest -q tests/kernels/test_kernels_titans.py \
@@ -36,10 +24,4 @@ else
   train deltanet-T8192 150 model.mixer=deltanet "${long[@]}"
   train titans-linear-T8192 150 "${titans[@]}" "${long[@]}"
 fi
-python3 - "$out/runs" <<'PY'
-import json, sys
-from pathlib import Path
-for path in sorted(Path(sys.argv[1]).glob("*.json")):
-    m = json.loads(path.read_text())
-    print(f"{path.stem:28s} tokens/s {m.get('tokens_per_s')} peak {m.get('peak_memory_mib')} MiB loss {m.get('train_loss')}")
-PY
+summarise_runs

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ltm.kernels.common import dot
-from ltm.kernels.titans.chunk_fwd import _load_tokens
+from ltm.kernels.titans.chunk_fwd import _chunk_program, _load_tokens
 
 
 @triton.jit
@@ -40,16 +40,8 @@ def _titans_bwd_local_kernel(q, k, v, do, a, b, gamma, w_states, s_states, g_in,
                              dgamma, delta_out, ddelta, dg_local, dk_local, dws, dss, T, NT,
                              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                              BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
-    mk, mv = rk < K, rv < V
-    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
-    state_mask = mk[:, None] & mv[None, :]
-    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
-    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
-    t = c * BT + rt
-    mt = t < T
+    c, i_bh, i_b, i_h, rk, rv, rt, mk, mv, t, mt, state_offs, state_mask, W, S = _chunk_program(
+        w_states, s_states, T, NT, H, K, V, BT, BK, BV)
     qt = _load_tokens(q, i_b, i_h, t, mt, rk, mk, T, H, K)  # (BT, BK)
     kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
     vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)  # (BT, BV)
@@ -152,22 +144,14 @@ def _titans_bwd_keys_kernel(k, w_last, p_last, w_states, s_states, g_in, delta_i
                             dk_local, dk_coef, dws, dss, dk, dends, T, NT, H: tl.constexpr,
                             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                             BV: tl.constexpr, PRECISION: tl.constexpr):
-    c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
-    mk, mv = rk < K, rv < V
-    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
-    state_mask = mk[:, None] & mv[None, :]
-    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
-    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
+    c, i_bh, i_b, i_h, rk, rv, rt, mk, mv, t, mt, state_offs, state_mask, W, S = _chunk_program(
+        w_states, s_states, T, NT, H, K, V, BT, BK, BV)
     dW = tl.load(dws + state_offs, mask=state_mask, other=0.0)  # dW', dS': after the chunk
     dS = tl.load(dss + state_offs, mask=state_mask, other=0.0)
     e_offs = (i_bh * NT + c) * 3
     tl.store(dends + e_offs, tl.sum(tl.sum(W * dW, 1), 0))
     tl.store(dends + e_offs + 1, tl.sum(tl.sum(S * dW, 1), 0))
     tl.store(dends + e_offs + 2, tl.sum(tl.sum(S * dS, 1), 0))
-    t = c * BT + rt
-    mt = t < T
     kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
     g_base = (i_bh * NT + c) * BT
     tok_v = (g_base + rt)[:, None] * V + rv[None, :]

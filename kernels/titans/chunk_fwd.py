@@ -29,6 +29,24 @@ def _load_tokens(ptr, i_b, i_h, t, mask_t, cols, mask_c, T, H: tl.constexpr, D: 
 
 
 @triton.jit
+def _chunk_program(w_states, s_states, T, NT, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The chunk-parallel kernels' common start, one program per (chunk, batch x head): the
+    program's indices, the column and token ranges with their masks, and the chunk's entering
+    memory W and momentum S [BK, BV] with the offsets and mask that address them."""
+    c, i_bh = tl.program_id(0), tl.program_id(1)
+    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
+    mk, mv = rk < K, rv < V
+    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
+    state_mask = mk[:, None] & mv[None, :]
+    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
+    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
+    t = c * BT + rt
+    return (c, i_bh, i_bh // H, i_bh % H, rk, rv, rt, mk, mv, t, t < T, state_offs, state_mask,
+            W, S)
+
+
+@triton.jit
 def _clipped_step(kt, delta, th, CLIP, USE_CLIP: tl.constexpr):
     """Each token's clip factor and clipped step g = theta * clip, [BT] each."""
     if USE_CLIP:
@@ -81,16 +99,8 @@ def _titans_states_kernel(k, v, theta, ends, w_last, p_last, w0, s0, w_states, s
 def _titans_output_kernel(q, k, v, a, b, gamma, w_states, s_states, g_in, o, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    rk, rv, rt = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
-    mk, mv = rk < K, rv < V
-    state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
-    state_mask = mk[:, None] & mv[None, :]
-    W = tl.load(w_states + state_offs, mask=state_mask, other=0.0)
-    S = tl.load(s_states + state_offs, mask=state_mask, other=0.0)
-    t = c * BT + rt
-    mt = t < T
+    c, i_bh, i_b, i_h, rk, rv, rt, mk, mv, t, mt, state_offs, state_mask, W, S = _chunk_program(
+        w_states, s_states, T, NT, H, K, V, BT, BK, BV)
     qt = _load_tokens(q, i_b, i_h, t, mt, rk, mk, T, H, K)
     kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
     vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)

@@ -127,25 +127,26 @@ def _triton_titans(q, k, v, theta, alpha, eta, weights, chunk_size, grad_clip, i
     head = min(T, -state.pos % chunk_size)
     tail = (T - head) % chunk_size if output_final_state else 0
     inputs, outputs = (q, k, v, theta, alpha, eta), []
-    if head:
-        o, state = chunk_titans_memory(*(x[:, :head] for x in inputs), weights,
-                                       chunk_size=chunk_size, grad_clip=grad_clip,
-                                       initial_state=state, output_final_state=True)
+
+    def by_torch(start: int, end: int, entering: TitansState) -> TitansState:
+        o, leaving = chunk_titans_memory(*(x[:, start:end] for x in inputs), weights,
+                                         chunk_size=chunk_size, grad_clip=grad_clip,
+                                         initial_state=entering, output_final_state=True)
         outputs.append(o)
+        return leaving
+
+    if head:
+        state = by_torch(0, head, state)
     if T - head - tail:
-        part = (x[:, head:T - tail] for x in inputs)
-        qp, kp, vp, *gates = part
+        q_in, k_in, v_in, *gates = (x[:, head:T - tail] for x in inputs)
         o, W, S = _lazy_kernels().triton_chunk_titans_memory(
-            qp.to(v.dtype), kp.to(v.dtype), vp, *gates, state.weights[0], state.momenta[0],
+            q_in.to(v.dtype), k_in.to(v.dtype), v_in, *gates, state.weights[0], state.momenta[0],
             chunk_size=chunk_size, grad_clip=grad_clip, output_final_state=output_final_state)
         outputs.append(o)
         if output_final_state:
             state = TitansState((W,), (S,), (W,), state.pos + T - head - tail)
     if tail:
-        o, state = chunk_titans_memory(*(x[:, T - tail:] for x in inputs), weights,
-                                       chunk_size=chunk_size, grad_clip=grad_clip,
-                                       initial_state=state, output_final_state=True)
-        outputs.append(o)
+        state = by_torch(T - tail, T, state)
     o = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
     return o, (state if output_final_state else None)
 
