@@ -21,8 +21,12 @@ def kernel_references_section(folder: Path) -> Section:
     shown = ["op", "shape", "pass", "ours_ms"]
     for name in REFERENCE_PATHS:
         if f"{name}_ms" in rows:
-            shown += [f"{name}_ms", f"{name}_backend"]
+            # fla_triton's backend is triton by construction: its column only widened the table
+            shown += [f"{name}_ms"] + ([f"{name}_backend"] if name != "fla_triton" else [])
     shown += ["fastest_fla", "x_best", "x_triton", "record"]
+    # the record by its run's short name ("call2" for kernel-grid-references-...-call2.json):
+    # the full names widened the table past the page's column
+    rows = rows.assign(record=rows["record"].str.removesuffix(".json").str.rsplit("-", n=1).str[-1])
     devices = ", ".join(sorted(set(rows["device"])))
     versions = sorted({", ".join(f"{k} {v}" for k, v in record.get("versions_backends", {}).items())
                        for _, record in read_records(folder, "grid", "kernel-grid references")})
@@ -35,5 +39,6 @@ def kernel_references_section(folder: Path) -> Section:
             "ours is faster); x_triton = fla's Triton path / ours. A shape measured twice counts "
             "in the summary with its worse ratio. Only the K = V = 128 shapes where FlashQLA "
             "applies and one RWKV-7 shape were measured: the rest of the grid against fla's "
-            "Triton path is in the section above.")
+            "Triton path is in the section above. record: the run's file in "
+            f"{folder}, by its last word.")
     return Section(TITLE, [reference_summary(rows), rows[shown]], [], note, folded=True)
