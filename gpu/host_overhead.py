@@ -1,7 +1,7 @@
 """How much of a chunked op's measured time is the host's: ours against fla, on one GPU.
 
     python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule] [--impls triton,fla]
-                                 [--segments 0 8 16]   # ours: the delta rule's forward by segments of >= N chunks (0: off)
+                                 [--segments 0 8 16]   # ours: the delta rule's state passes by segments of >= N chunks (0: off)
                                  [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
                                  [--fused-output none inference both]  # which forwards fuse the outputs
                                  [--overlapped-output none inference both]  # ... overlap them with the state pass
@@ -84,7 +84,7 @@ def measure(step) -> dict:
 
 def launch_options(segments: int, fill: int, fused: str, overlap: str) -> dict:
     """Our delta rule's launch options for one run (`triton_chunk_delta_rule`'s keywords):
-    the forward's state pass by segments of at least `segments` chunks (0: off), as many as bring
+    the state passes (forward and backward) by segments of at least `segments` chunks (0: off), as many as bring
     the programs to about `fill` times the SM count; which forwards take the outputs out of the
     state pass (`fused`) and which run the state pass and the outputs in one launch (`overlap`):
     "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape."""
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--ops", default="delta_rule")
     parser.add_argument("--impls", default="triton,fla", help="of triton (ours), fla")
     parser.add_argument("--segments", nargs="+", type=int, default=[0],
-                        help="each run of ours: the delta rule's forward state pass by segments of at "
+                        help="each run of ours: the delta rule's state passes (forward, backward) by segments of at "
                              "least N chunks (ltm.kernels.delta_rule.launch_choices; 0: off, the default)")
     parser.add_argument("--fused-output", nargs="+", default=["default"],
                         choices=["default", "none", "inference", "both"],

@@ -318,32 +318,25 @@ def test_grouped_heads_need_a_multiple_of_the_heads():
                                 torch.zeros(1, 4, 2, device=DEVICE))
 
 
-# the forward's state pass by segments (`launch_choices.SEGMENTED_FORWARD`), forced on with short
-# segments: 7 chunks in segments of 3, 3 and 1 (the last chunk masked), and 4 in segments of 2
+# the state passes by segments (`launch_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`), one
+# pass at a time, forced on with short segments: 7 chunks in segments of 3, 3 and 1 (the last
+# chunk masked), and 4 in segments of 2; every output and gradient against float64
 SEGMENT_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, "strong", True), (2, 3 * CHUNK + 1, 1, 32, 48, "weak", False)]
+SEGMENTED_PASSES = {"forward": ("SEGMENTED_FORWARD", "delta_rule.fwd_segment_states"),
+                    "backward": ("SEGMENTED_BACKWARD", "delta_rule.bwd_segment_states")}
 
 
+@pytest.mark.parametrize("segmented", sorted(SEGMENTED_PASSES))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 @pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", SEGMENT_CASES,
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
-def test_segmented_forward_matches_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype):
+def test_segmented_passes_match_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype,
+                                               segmented):
     from ltm.kernels.delta_rule import launch_choices
-    monkeypatch.setattr(launch_choices, "SEGMENTED_FORWARD", True)
+    switch, combine = SEGMENTED_PASSES[segmented]
+    monkeypatch.setattr(launch_choices, switch, True)
     monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
-    assert "delta_rule.fwd_segment_states" in launched
-
-
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
-@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", SEGMENT_CASES,
-                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
-def test_segmented_backward_matches_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype):
-    # the backward's state pass by segments (`launch_choices.SEGMENTED_BACKWARD`), the forward's
-    # one pass: every gradient and the initial state's against float64
-    from ltm.kernels.delta_rule import launch_choices
-    monkeypatch.setattr(launch_choices, "SEGMENTED_BACKWARD", True)
-    monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
-    launched = spy_on_launches(monkeypatch)
-    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
-    assert "delta_rule.bwd_segment_states" in launched and "delta_rule.fwd_segment_states" not in launched
+    combines = {name for _, name in SEGMENTED_PASSES.values()}
+    assert combines & set(launched) == {combine}
