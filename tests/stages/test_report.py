@@ -33,7 +33,9 @@ def _git(root, *args):
 SECTIONS = ["Do latent thoughts carry information? The verdict", "Summary: what changed", "Run settings", "Data", "Training", "Latent thoughts",
             "A learned prior over latent thoughts",
             "Ablation verdicts", "Benchmarks", "Recall against distance", "Generated text",
-            "Kernel benchmarks on GPUs (recorded history)", "Training on GPUs (recorded history)",
+            "Kernel benchmarks on GPUs (recorded history)",
+            "Kernels against fla as installed (FlashQLA, TileLang)",
+            "Training on GPUs (recorded history)",
             "Ablation verdicts on GPUs (recorded history)",
             "Time to a target loss on GPUs (recorded history)"]
 
