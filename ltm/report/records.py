@@ -43,7 +43,9 @@ def latest_grid(folder: str | Path) -> list[dict]:
     for op, (path, record) in sorted(latest.items()):
         for row in grid_table([r for r in record["rows"] if r["op"] == op]):
             rows.append({**row, **_graph_times(record["grid"], row), "device": record["device"],
-                         "commit": (record.get("commit") or "")[:7], "record": path.name})
+                         "commit": (record.get("commit") or "")[:7], "record": path.name,
+                       "versions": ", ".join(f"{k} {v}" for k, v in
+                                             record.get("versions_backends", {}).items())})
     return rows
 
 
@@ -106,7 +108,8 @@ def reference_rows(folder: str | Path) -> pd.DataFrame:
     """The kernel-grid records that timed fla as users install it (`gpu/grid_references.sh`,
     kept in `folder`): one row per measured (op, shape, pass) and record, repeats kept: ours and
     each fla path in ms with the backends it ran, the fastest path, x_best (its time over ours:
-    above 1, ours is faster) and x_triton (fla's Triton path over ours). Empty without records."""
+    above 1, ours is faster), x_triton (fla's Triton path over ours) and the record's package
+    versions. Empty without records."""
     rows = []
     for path, record in read_records(folder, "grid", "kernel-grid references"):
         for g in record["grid"]:
@@ -117,7 +120,9 @@ def reference_rows(folder: str | Path) -> pd.DataFrame:
                     continue
                 row = {"op": g["op"], "shape": ",".join(map(str, g["shape"])), "pass": pass_,
                        "ours_ms": g[f"ours_{p}"], "device": record["device"],
-                       "commit": (record.get("commit") or "")[:7], "record": path.name}
+                       "commit": (record.get("commit") or "")[:7], "record": path.name,
+                       "versions": ", ".join(f"{k} {v}" for k, v in
+                                             record.get("versions_backends", {}).items())}
                 for name in REFERENCE_PATHS:
                     if g.get(f"{name}_{p}"):
                         row[f"{name}_ms"] = g[f"{name}_{p}"]

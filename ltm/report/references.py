@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ltm.report.gpu import Section
-from ltm.report.records import REFERENCE_PATHS, read_records, reference_rows, reference_summary
+from ltm.report.records import REFERENCE_PATHS, reference_rows, reference_summary
 
 TITLE = "Kernels against fla as installed (FlashQLA, TileLang)"
 
@@ -28,8 +28,7 @@ def kernel_references_section(folder: Path) -> Section:
     # the full names widened the table past the page's column
     rows = rows.assign(record=rows["record"].str.removesuffix(".json").str.rsplit("-", n=1).str[-1])
     devices = ", ".join(sorted(set(rows["device"])))
-    versions = sorted({", ".join(f"{k} {v}" for k, v in record.get("versions_backends", {}).items())
-                       for _, record in read_records(folder, "grid", "kernel-grid references")})
+    versions = sorted(set(rows["versions"]))
     note = (f"Measured on {devices} (bf16, do_bench medians, one process per record) with "
             f"{'; '.join(v for v in versions if v) or 'the versions in each record'}. fla_triton: fla's Triton "
             "kernels alone (FLA_FLASH_QLA=0, FLA_TILELANG=0); fla_installed: fla as installed, "
