@@ -35,7 +35,9 @@ def test_stage_warm_starts_without_a_checkpoint_and_writes_outputs(tiny, tmp_pat
     final = ["final: train.opt.fused_loss=true"] if verdict == "PASS" else []
     assert set(metrics) == {"baseline", "train.opt.fused_loss=true", "profile", "protocol", *final}
     assert set(metrics["profile"]["baseline"]) == set(GROUPS)
-    profile = result.profile.set_index("group")["ms"]
+    # a PASS adds the final configuration's profile beside the baseline's
+    assert set(result.profile["config"]) == {"baseline", *(["final"] if final else [])}
+    profile = result.profile[result.profile["config"] == "baseline"].set_index("group")["ms"]
     assert profile["projections"] > 0 and profile["optimiser"] > 0 and profile["MLP"] > 0
     csv = pd.read_csv(tmp_path / "ablate.csv")
     assert list(csv["switch"]) == ["baseline", "train.opt.fused_loss=true", *final]
