@@ -2,7 +2,8 @@
 
     python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile] [--explain]
 
-mixer: attention, deltanet, rwkv7 or hierarchical (the hierarchical DeltaNet, hier_op dual).
+mixer: attention, deltanet, rwkv7, hierarchical (the hierarchical DeltaNet, hier_op dual) or
+titans (MAG, the linear memory in Triton: titans_depth 1).
 
 For each mixer: the wall time of a step (forward, backward, fused AdamW) and the GPU kernels that
 take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
@@ -23,8 +24,8 @@ STEPS = 5
 
 def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
     # "hierarchical": the hierarchical DeltaNet, both states in the Triton kernel (hier_op dual)
-    extra = ({"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"}
-             if mixer == "hierarchical" else {"mixer": mixer})
+    extra = {"hierarchical": {"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"},
+             "titans": {"mixer": "titans", "titans_depth": 1}}.get(mixer, {"mixer": mixer})
     section = dict(read_params("configs/gpu.yaml")["model"], **extra)
     model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)

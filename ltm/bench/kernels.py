@@ -96,7 +96,7 @@ def make_inputs(op: str, B: int, T: int, H: int, D: int, dtype: torch.dtype, dev
                 "v": rand(B, T, H, D), "a": (-kk).to(dtype).requires_grad_(),
                 "b": (kk * lr).to(dtype).requires_grad_()}
     k = F.normalize(torch.randn(B, T, H, D, device=device), dim=-1)
-    if op == "titans":  # gates like the mixer's at its initialisation: theta ~0.1, alpha ~0.01, eta ~0.9
+    if op == "titans":  # gates in the mixer's ranges: theta ~0.1, alpha ~0.01, a strong momentum eta ~0.9
         def gate(low, width):
             return (low + width * torch.rand(B, T, H, device=device)).to(dtype).requires_grad_()
         return {"q": rand(B, T, H, D), "k": k.to(dtype).requires_grad_(), "v": rand(B, T, H, D),

@@ -35,10 +35,10 @@ class ModelConfig:
     kernel: Literal["naive", "torch", "triton", "fla"] = "torch"
     # tokens per chunk of the chunked forms
     chunk_size: int = 64
-    # deltanet: depthwise causal convolution of width conv_size on q, k, v
+    # deltanet and titans: depthwise causal convolution of width conv_size on q, k, v
     short_conv: bool = True
     conv_size: int = 4
-    # deltanet with kernel triton, training: convolution, SiLU and the q, k norms in one Triton op
+    # deltanet and titans with kernel triton, training: convolution, SiLU and the q, k norms in one Triton op
     fused_conv: bool = True
     # deltanet: a fast and a slow state per head, mixed by a learned gate
     hierarchical: bool = False

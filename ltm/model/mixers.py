@@ -188,6 +188,26 @@ class ShortConv(nn.Module):
         return F.silu(y), x[:, -(self.conv_size - 1):].transpose(1, 2)
 
 
+def convolved_qkv(qkv: torch.Tensor, conv: ShortConv | None, state: dict | None, n_heads: int,
+                  fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """q, k, v (B, T, H, D) from the projections qkv (B, T, 3C): the short convolution (when
+    `conv`), then q and k L2-normalised; and the convolution's new state (None without a
+    `state`, whose "conv" entry holds the last inputs). `fused`: training on a GPU takes the
+    convolution, SiLU and the norms in one Triton op."""
+    B, T, C3 = qkv.shape
+    D = C3 // (3 * n_heads)
+    conv_state = None
+    if conv is not None and state is None and fused:
+        from ltm.kernels.short_conv import short_conv_qkv
+        # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
+        q, k, v = (t.view(B, T, n_heads, D) for t in short_conv_qkv(qkv, conv.weight[:, 0].t(), D))
+        return q, k, v, None
+    if conv is not None:
+        qkv, conv_state = conv(qkv, None if state is None else state["conv"])
+    q, k, v = qkv.view(B, T, 3, n_heads, D).unbind(2)
+    return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, conv_state
+
+
 class RWKV7TimeMix(nn.Module):
     """RWKV-7 time mixing: token shift, data-dependent decay w, in-context learning rate a_lr,
     the generalized delta update with a = -kk, b = kk * a_lr, per-head norm, the r.k bonus and
@@ -351,16 +371,9 @@ class DeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, state: dict | None = None):
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
-        (qkv, gates), conv_state = self._project(x), None
-        if self.conv is not None and state is None and self.kernel == "triton" and self.fused_conv:
-            from ltm.kernels.short_conv import short_conv_qkv
-            # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
-            q, k, v = (t.view(B, T, H, D) for t in short_conv_qkv(qkv, self.conv.weight[:, 0].t(), D))
-        else:
-            if self.conv is not None:
-                qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
-            q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        qkv, gates = self._project(x)
+        fused = self.kernel == "triton" and self.fused_conv
+        q, k, v, conv_state = convolved_qkv(qkv, self.conv, state, H, fused)
         gate, beta, g, mix, _ = gates.split(self.gate_widths, dim=-1)
         # (B, T, n_states)
         beta = torch.sigmoid(beta)

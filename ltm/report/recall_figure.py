@@ -3,6 +3,8 @@ mixer with standard errors and the window marked, the training loss beside it, a
 beyond the window. Shown by the benchmark notebook and the report (ltm.report.recall)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -57,4 +59,24 @@ def recall_summary(metrics: dict) -> str:
     if sliding and best["mixer"] != "attention:window":
         far = sliding["beyond_window"]
         line += f" (sliding-window attention {far['accuracy']:.3f} ± {far['se']:.3f})"
-    return line + f"; chance {metrics['chance']:.3f}."
+    line += f"; chance {metrics['chance']:.3f}."
+    return line + "".join(f" {margin}." for margin in window_margins(metrics))
+
+
+def window_margins(metrics: dict) -> list[str]:
+    """Each other `:window` model (a memory beside the same sliding window: titans:window) against
+    sliding-window attention beyond the window: the difference and its standard error, the two
+    evaluations' errors combined (the held-out sequences' sampling; one training seed)."""
+    sliding = metrics["by_mixer"].get("attention:window")
+    if not sliding:
+        return []
+    base = sliding["beyond_window"]
+    out = []
+    for mixer, m in metrics["by_mixer"].items():
+        if mixer.endswith(":window") and mixer != "attention:window":
+            far = m["beyond_window"]
+            diff, se = far["accuracy"] - base["accuracy"], math.hypot(far["se"], base["se"])
+            out.append(f"{mixer} minus sliding-window attention beyond the window: {diff:+.3f} ± "
+                       f"{se:.3f} ({abs(diff) / se:.1f} standard errors; evaluation noise, one "
+                       "training seed)")
+    return out

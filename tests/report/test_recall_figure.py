@@ -2,7 +2,7 @@
 and the summary line names the best mixer beyond the window against sliding-window attention."""
 import pandas as pd
 
-from ltm.report.recall_figure import recall_figure, recall_summary
+from ltm.report.recall_figure import recall_figure, recall_summary, window_margins
 
 BINS = [(0, 16, "1-16 (within window)"), (16, 32, "17-32 (1-2x window)"),
         (32, 64, "33-64 (2-4x window)"), (64, 128, "65-128 (> 4x window)")]
@@ -39,3 +39,14 @@ def test_the_summary_line_names_the_best_beyond_the_window_with_its_se():
     assert recall_summary(metrics()) == (
         "Recall beyond the 16-token window: best attention 0.750 ± 0.012 (sliding-window "
         "attention 0.031 ± 0.012); chance 0.031.")
+
+def test_a_memory_beside_the_window_gets_its_margin_over_sliding_window_attention():
+    m = metrics()
+    m["by_mixer"]["titans:window"] = {"beyond_window": {"accuracy": 0.118, "se": 0.008, "n": 300}}
+    m["by_mixer"]["attention:window"]["beyond_window"].update(accuracy=0.062, se=0.006)
+    assert window_margins(m) == [
+        "titans:window minus sliding-window attention beyond the window: +0.056 ± 0.010 (5.6 "
+        "standard errors; evaluation noise, one training seed)"]
+    assert recall_summary(m).endswith("chance 0.031. " + window_margins(m)[0] + ".")
+    del m["by_mixer"]["attention:window"]
+    assert window_margins(m) == []
