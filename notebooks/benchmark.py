@@ -67,8 +67,9 @@ prior_table.round(3)
 # ## Recall against distance
 # Multi-query associative recall (ltm/data/recall.py): key-value pairs written through a sequence,
 # each key queried once later. Every mixer of `benchmark.recall.mixers` is trained here on the
-# same batches at (nearly) equal parameters; accuracy on held-out answers by how far back the pair
-# was written, with its binomial standard error (ltm/bench/recall.py).
+# same batches at (nearly) equal parameters, once per training seed; accuracy on held-out answers
+# by how far back the pair was written, averaged over the seeds, its standard error holding their
+# spread and the evaluation's sampling (ltm/bench/recall.py).
 
 # %%
 from ltm.report.recall_figure import recall_figure
@@ -82,6 +83,7 @@ display(pd.Series({k: v for k, v in recall_metrics.items() if not isinstance(v, 
                   name="value").to_frame())
 if recall_metrics["enabled"]:
     display(recall_figure(recall_table, recall_metrics, recall_curve))
+    display(pd.DataFrame(recall_metrics["margins_over_sliding_window"]).T)
 recall_table.round(3)
 
 # %% [markdown]

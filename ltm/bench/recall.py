@@ -2,18 +2,26 @@
 back (the multi-query associative recall task of ltm.data.recall)?
 
     result = bench_recall(RecallBench(), device="cpu")
-    result.table   # mixer, label, params, bin, low, high, accuracy, se, n, correct
-    result.curve   # mixer, step, loss (training loss on the answers)
+    result.table   # mixer, params, bin, low, high, accuracy, se, n, correct, seeds
+    result.runs    # the same per training seed: mixer, seed, params, bin, ..., n, correct
+    result.curve   # mixer, seed, step, loss (training loss on the answers)
 
 Every model in `mixers` is the same small LM (ltm.model.lm) but for its token mixer, trained from
-the same initial seed on the same batches for the same steps, its loss on the answers only. The
+the same initial seed on the same batches for the same steps, its loss on the answers only; and
+that `seeds` times, each training seed giving every model a new initialisation and a new stream of
+training batches (the held-out sequences stay the same). The
 models are matched in parameter count through the MLP's width (d_ff), the one size that every
 mixer has: each gets the d_ff whose count comes nearest to the largest model's at the default
 width, and the table reports each count, since the match is exact only to one MLP column.
 
 Accuracy is the share of held-out answers whose argmax is the value, per distance bin (within the
-window, 1-2x, 2-4x and beyond 4x the window), with its binomial standard error
-sqrt(p (1 - p) / n) and the count n. A mixer entry is `model.mixer`, optionally with options:
+window, 1-2x, 2-4x and beyond 4x the window), averaged over the training seeds. Its standard error
+adds the seeds' spread to the evaluation's sampling: sqrt(sd^2 / S + p (1 - p) / n), sd the
+standard deviation of the S seeds' accuracies and n the answers scored per seed (with one seed,
+the binomial term alone). Which model is initialised how moves a short run a lot (a parameter
+match shifting d_ff by a few units took RWKV-7 from 0.05 to 0.13 beyond the window): one seed's
+binomial error understates the noise of a comparison. A mixer entry is `model.mixer`, optionally
+with options:
 `attention:window` (attention over the last `window` tokens), `titans:window` (the memory beside
 attention over the last `window` tokens: the issue's comparison with sliding-window attention),
 `deltanet:hierarchical`.
@@ -46,8 +54,9 @@ class RecallBench:
     # the models compared: a model.mixer, with `:window` for sliding-window attention
     mixers: list[str] = field(default_factory=lambda: ["attention", "attention:window", "rwkv7",
                                                        "deltanet", "titans:window"])
-    # 800 steps of 8 on a 2-core CPU: 155 s; 200 steps of 32 (as many sequences) left every model
-    # at chance, the smaller batch lets attention start to recall (LOG.md, 2026-11-27)
+    # 800 steps of 8 on a 2-core CPU: 5 models x 3 seeds in 16 minutes; 200 steps of 32 (as many
+    # sequences) left every model at chance, the smaller batch lets attention start to recall
+    # (LOG.md, 2026-11-27)
     steps: int = 800
     batch: int = 8
     lr: float = 3e-3
@@ -61,13 +70,14 @@ class RecallBench:
     n_layers: int = 2
     n_heads: int = 4
     seed: int = 0
+    seeds: int = 3  # training runs per model, seeds seed, seed + 1, ...: their spread is in the SE
 
     def __post_init__(self) -> None:
         check(len(self.mixers) > 0, "mixers", "must name one or more models")
         # each entry names its rows of the table: a repeat would silently be trained once
         check(len(set(self.mixers)) == len(self.mixers), "mixers",
               f"each entry once, got {self.mixers}")
-        for name in ("steps", "batch", "eval_sequences", "d_model", "n_layers", "n_heads"):
+        for name in ("steps", "batch", "eval_sequences", "d_model", "n_layers", "n_heads", "seeds"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         try:
@@ -84,9 +94,14 @@ class RecallBench:
 
 @dataclass
 class RecallResult:
-    table: pd.DataFrame  # one row per mixer and distance bin
-    curve: pd.DataFrame  # mixer, step, loss
+    runs: pd.DataFrame  # one row per mixer, training seed and distance bin
+    curve: pd.DataFrame  # mixer, seed, step, loss
     seconds: float  # wall time of the whole benchmark
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per mixer and distance bin, over the seeds (see the module's docstring)."""
+        return over_seeds(self.runs, "bin")
 
 
 def model_config(bench: RecallBench, entry: str, d_ff: int | None = None) -> ModelConfig:
@@ -173,11 +188,11 @@ def lr_factor(step: int, steps: int) -> float:
 
 
 def train_recall(cfg: ModelConfig, bench: RecallBench, batches: RecallBatch, device: torch.device,
-                 bar: tqdm) -> tuple[LTM, list[float]]:
-    """One model trained on the answers of `batches` (steps x batch sequences, in order), AdamW
-    with a linear warm-up over the first 10% and a cosine decay to 10% of lr: a short run needs
-    the large step early and the small one late."""
-    torch.manual_seed(bench.seed)
+                 bar: tqdm, seed: int) -> tuple[LTM, list[float]]:
+    """One model initialised from `seed` and trained on the answers of `batches` (steps x batch
+    sequences, in order), AdamW with a linear warm-up over the first 10% and a cosine decay to 10%
+    of lr: a short run needs the large step early and the small one late."""
+    torch.manual_seed(seed)
     model = LTM(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, weight_decay=0.1,
                                   betas=(0.9, 0.98))
@@ -205,46 +220,103 @@ def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
     start = time.perf_counter()
     device = torch.device(device)
     task, configs = bench.task(), matched_configs(bench)
-    # the training batches and the held-out ones: disjoint seed streams of one bench.seed
-    train = recall_batch(task, bench.steps * bench.batch, seed=2 * bench.seed)
+    # the held-out sequences: odd seeds; each training seed's batches: even ones
     held_out = recall_batch(task, bench.eval_sequences, seed=2 * bench.seed + 1)
     bins = distance_bins(bench.window, bench.seq_len)
     rows, curves = [], []
-    with tqdm(total=len(configs) * bench.steps, desc="recall", unit="step",
+    with tqdm(total=bench.seeds * len(configs) * bench.steps, desc="recall", unit="step",
               disable=not progress) as bar:
-        for entry, cfg in configs.items():
-            bar.set_description(f"recall {entry}")
-            model, losses = train_recall(cfg, bench, train, device, bar)
-            params = model.num_params(non_embedding=True)
-            rows += [{"mixer": entry, "params": params, **r}
-                     for r in recall_accuracy(model, held_out, bins)]
-            curves += [{"mixer": entry, "step": s, "loss": v} for s, v in enumerate(losses)]
-    columns = ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n", "correct"]
+        for seed in range(bench.seed, bench.seed + bench.seeds):
+            train = recall_batch(task, bench.steps * bench.batch, seed=2 * seed)
+            for entry, cfg in configs.items():
+                bar.set_description(f"recall {entry} (seed {seed})")
+                model, losses = train_recall(cfg, bench, train, device, bar, seed)
+                params = model.num_params(non_embedding=True)
+                rows += [{"mixer": entry, "seed": seed, "params": params, **r}
+                         for r in recall_accuracy(model, held_out, bins)]
+                curves += [{"mixer": entry, "seed": seed, "step": s, "loss": v}
+                           for s, v in enumerate(losses)]
+    columns = ["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]
     return RecallResult(pd.DataFrame(rows)[columns], pd.DataFrame(curves),
                         time.perf_counter() - start)
 
 
-def beyond_window(table: pd.DataFrame, window: int) -> pd.DataFrame:
-    """Per mixer, its answers at distances beyond the window pooled: accuracy, se, n."""
-    far = table[table["low"] >= window].groupby("mixer", sort=False)[["correct", "n"]].sum()
-    p = far["correct"] / far["n"]
-    return pd.DataFrame({"accuracy": p, "se": (p * (1 - p) / far["n"]) ** 0.5,
-                         "n": far["n"]}).reset_index()
+def over_seeds(runs: pd.DataFrame, by: str | None) -> pd.DataFrame:
+    """Per mixer (and `by`, a column of `runs`: "bin"), over the training seeds: accuracy (the
+    seeds' mean), se (the seeds' spread and the evaluation's sampling; see the module's
+    docstring), n and correct (summed over the seeds), seeds (their count); params and the bin's
+    edges kept when grouping by bin."""
+    keys = ["mixer"] + ([by] if by else [])
+    per_seed = runs.groupby([*keys, "seed"], sort=False)[["correct", "n"]].sum().reset_index()
+    per_seed["accuracy"] = per_seed["correct"] / per_seed["n"]
+    rows = []
+    for key, part in per_seed.groupby(keys, sort=False):
+        p, count = float(part["accuracy"].mean()), len(part)
+        spread = float(part["accuracy"].var(ddof=1)) / count if count > 1 else 0.0
+        per_seed_n = float(part["n"].mean())
+        rows.append({**dict(zip(keys, key if by else (key[0],))), "accuracy": p,
+                     "se": math.sqrt(spread + p * (1 - p) / per_seed_n) if per_seed_n else math.nan,
+                     "n": int(part["n"].sum()), "correct": int(part["correct"].sum()),
+                     "seeds": count})
+    out = pd.DataFrame(rows)
+    if by == "bin":
+        edges = runs.drop_duplicates(["mixer", "bin"])[["mixer", "bin", "params", "low", "high"]]
+        out = out.merge(edges, on=["mixer", "bin"], sort=False)
+        out = out[["mixer", "params", "bin", "low", "high", "accuracy", "se", "n", "correct",
+                   "seeds"]]
+    return out
+
+
+def beyond_window(runs: pd.DataFrame, window: int) -> pd.DataFrame:
+    """Per mixer, its answers at distances beyond the window pooled, over the seeds: accuracy,
+    se, n, correct, seeds (see over_seeds)."""
+    return over_seeds(runs[runs["low"] >= window], None)
+
+
+def margins_over_window(runs: pd.DataFrame, window: int) -> dict[str, dict]:
+    """Each other `:window` model (a memory beside the same sliding window: titans:window) against
+    sliding-window attention beyond the window: the mean over seeds of the paired difference
+    (same seed, same held-out answers) and its SE, the differences' spread over the seeds added to
+    the two evaluations' sampling."""
+    far = runs[runs["low"] >= window].groupby(["mixer", "seed"])[["correct", "n"]].sum()
+    accuracy = (far["correct"] / far["n"]).unstack("mixer")  # (seed, mixer)
+    n = far["n"].groupby("mixer").mean()
+    if "attention:window" not in accuracy:
+        return {}
+    out = {}
+    for mixer in accuracy.columns:
+        if not mixer.endswith(":window") or mixer == "attention:window":
+            continue
+        diff = accuracy[mixer] - accuracy["attention:window"]
+        spread = float(diff.var(ddof=1)) / len(diff) if len(diff) > 1 else 0.0
+        sampling = sum(float(accuracy[m].mean() * (1 - accuracy[m].mean()) / n[m])
+                       for m in (mixer, "attention:window"))
+        out[mixer] = {"difference": round(float(diff.mean()), 4),
+                      "se": round(math.sqrt(spread + sampling), 4),
+                      "per_seed": [round(float(d), 4) for d in diff]}
+    return out
 
 
 def recall_metrics(result: RecallResult, bench: RecallBench, device_name: str) -> dict:
     """The headline numbers: per mixer its parameters, its accuracy within and beyond the window
-    (pooled) with SE, and the best model beyond the window; the settings that make them."""
-    table, far = result.table, beyond_window(result.table, bench.window)
+    (pooled over the bins and averaged over the seeds) with SE and each seed's, and the best model
+    beyond the window; each `:window` memory's margin over sliding-window attention; the settings
+    that make them."""
+    table, far = result.table, beyond_window(result.runs, bench.window)
     near = table[table["high"] <= bench.window].set_index("mixer")
     best = far.loc[far["accuracy"].idxmax()]
-    last = result.curve.groupby("mixer", sort=False)["loss"].apply(
-        lambda v: float(v.iloc[-max(1, len(v) // 10):].mean()))
+    seeds = result.runs[result.runs["low"] >= bench.window].groupby(["mixer", "seed"], sort=False)[
+        ["correct", "n"]].sum()
+    per_seed = (seeds["correct"] / seeds["n"]).round(4)
+    # the training loss over each run's last 10% of steps, averaged over the seeds
+    last = result.curve.groupby(["mixer", "seed"], sort=False)["loss"].apply(
+        lambda v: float(v.iloc[-max(1, len(v) // 10):].mean())).groupby("mixer", sort=False).mean()
     by_mixer = {r.mixer: {"params": int(table[table.mixer == r.mixer]["params"].iloc[0]),
                           "within_window": {"accuracy": round(float(near.loc[r.mixer, "accuracy"]), 4),
                                             "se": round(float(near.loc[r.mixer, "se"]), 4)},
                           "beyond_window": {"accuracy": round(float(r.accuracy), 4),
-                                            "se": round(float(r.se), 4), "n": int(r.n)},
+                                            "se": round(float(r.se), 4), "n": int(r.n),
+                                            "per_seed": per_seed[r.mixer].tolist()},
                           "train_loss_last10pct": round(float(last[r.mixer]), 4)}
                 for r in far.itertuples()}
     return {"device": device_name, "torch": torch.__version__, "seconds": round(result.seconds, 1),
@@ -252,4 +324,5 @@ def recall_metrics(result: RecallResult, bench: RecallBench, device_name: str) -
             "best_beyond_window": {"mixer": str(best["mixer"]),
                                    "accuracy": round(float(best["accuracy"]), 4),
                                    "se": round(float(best["se"]), 4)},
+            "margins_over_sliding_window": margins_over_window(result.runs, bench.window),
             "by_mixer": by_mixer}

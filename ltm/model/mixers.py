@@ -189,7 +189,7 @@ class ShortConv(nn.Module):
 
 
 def convolved_qkv(qkv: torch.Tensor, conv: ShortConv | None, state: dict | None, n_heads: int,
-                  fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                  fused: bool) -> tuple[torch.Tensor, ...]:
     """q, k, v (B, T, H, D) from the projections qkv (B, T, 3C): the short convolution (when
     `conv`), then q and k L2-normalised; and the convolution's new state (None without a
     `state`, whose "conv" entry holds the last inputs). `fused`: training on a GPU takes the

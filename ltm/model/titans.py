@@ -126,8 +126,8 @@ class Titans(nn.Module):
     def forward(self, x: torch.Tensor, state: dict | None = None):
         params, mix = self.gate_proj(x).split(self.gate_widths, dim=-1)
         memory_state = None if state is None else self._unpack(state)
-        memory, memory_state, conv_state = self._memory(x, params, memory_state,
-                                                        None if state is None else state.get("conv"))
+        conv_state = None if state is None else state.get("conv")
+        memory, memory_state, conv_state = self._memory(x, params, memory_state, conv_state)
         attn_state = None if state is None else {key: state[key] for key in ("k", "v", "pos")}
         if self.arrangement == "mag":
             attended, attn_state = self.attn(x, attn_state)

@@ -170,7 +170,7 @@ def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics
 
 
 # the columns of the recall plot table (written with its header alone when benchmark.recall is off)
-RECALL_COLUMNS = ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n", "correct"]
+RECALL_COLUMNS = ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n", "correct", "seeds"]
 
 
 def recall_benchmark(params_path: str | Path, metrics_path: str | Path, plot_path: str | Path,

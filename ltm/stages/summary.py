@@ -114,6 +114,12 @@ def benchmark_summary(benchmark: dict, prior: dict | None = None, recall: dict |
         out["recall_beyond_window"] = {mixer: {"accuracy": m["beyond_window"]["accuracy"],
                                                "accuracy_noise": m["beyond_window"]["se"]}
                                        for mixer, m in recall["by_mixer"].items()}
+        # a memory beside the sliding window against that window alone (titans:window)
+        margins = recall.get("margins_over_sliding_window") or {}
+        if margins:
+            out["recall_margin_over_sliding_window"] = {
+                mixer: {"difference": m["difference"], "difference_noise": m["se"]}
+                for mixer, m in margins.items()}
     return out
 
 

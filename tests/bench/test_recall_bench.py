@@ -1,39 +1,82 @@
 """ltm.bench.recall: a tiny run end to end gives the table by mixer and distance bin; the accuracy
 is the share a model gets right, checked on an oracle whose answers are known; the models are
 matched in size; a bad mixer entry is a one-line error."""
+import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 from torch import nn
 
 from ltm.bench.recall import (RecallBench, beyond_window, bench_recall, distance_bins, lr_factor,
-                              matched_configs, recall_accuracy, recall_metrics)
+                              margins_over_window, matched_configs, recall_accuracy, recall_metrics)
 from ltm.data.recall import RecallTask, recall_batch
 from ltm.model.lm import LTM
 from ltm.params import ParamsError
 
 TINY = RecallBench(mixers=["attention", "attention:window", "deltanet"], steps=3, batch=4,
                    seq_len=32, window=4, n_pairs=3, n_keys=8, n_values=8, eval_sequences=8,
-                   d_model=16, n_layers=1, n_heads=2)
+                   d_model=16, n_layers=1, n_heads=2, seeds=2)
 
 
 def test_a_tiny_run_gives_every_mixer_and_bin():
     result = bench_recall(TINY, progress=False)
     table = result.table
     assert list(table.columns) == ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n",
-                                   "correct"]
+                                   "correct", "seeds"]
     assert list(table["mixer"].unique()) == TINY.mixers
     assert list(table["bin"].unique()) == ["1-4 (within window)", "5-8 (1-2x window)",
                                           "9-16 (2-4x window)", "17-32 (> 4x window)"]
-    # every answer lands in one bin: 8 sequences x 3 answers per mixer
-    assert (table.groupby("mixer")["n"].sum() == 8 * 3).all()
+    # every answer lands in one bin: 8 sequences x 3 answers per mixer and seed
+    assert (table.groupby("mixer")["n"].sum() == 2 * 8 * 3).all() and (table["seeds"] == 2).all()
+    assert (result.runs.groupby(["mixer", "seed"])["n"].sum() == 8 * 3).all()
     assert table["accuracy"].between(0, 1).all()
-    assert list(result.curve.columns) == ["mixer", "step", "loss"] and len(result.curve) == 3 * 3
+    assert list(result.curve.columns) == ["mixer", "seed", "step", "loss"]
+    assert len(result.curve) == 2 * 3 * 3
     metrics = recall_metrics(result, TINY, "cpu")
     assert set(metrics["by_mixer"]) == set(TINY.mixers)
     assert metrics["best_beyond_window"]["mixer"] in TINY.mixers
+    assert all(len(m["beyond_window"]["per_seed"]) == 2 for m in metrics["by_mixer"].values())
+    assert metrics["margins_over_sliding_window"] == {}  # no other `:window` model
+
+
+def test_the_seeds_train_different_models_on_different_batches():
+    one = dataclasses.replace(TINY, mixers=["attention"], seeds=1)
+    first, second = (bench_recall(dataclasses.replace(one, seed=s), progress=False) for s in (0, 1))
+    both = bench_recall(dataclasses.replace(one, seeds=2), progress=False)
+    # seed 1 of a two-seed run is the one-seed run from seed 1: its model, batches and curve
+    assert both.curve[both.curve.seed == 1]["loss"].tolist() == second.curve["loss"].tolist()
+    assert both.curve[both.curve.seed == 0]["loss"].tolist() == first.curve["loss"].tolist()
+    assert first.curve["loss"].tolist() != second.curve["loss"].tolist()
+
+
+def runs_of(accuracy: dict[str, list[float]], n: int = 100, window: int = 4) -> pd.DataFrame:
+    """Per-seed runs with one bin beyond the window whose accuracies are given per mixer."""
+    return pd.DataFrame([{"mixer": m, "seed": s, "params": 1, "bin": "far", "low": window,
+                          "high": 2 * window, "n": n, "correct": round(a * n)}
+                         for m, values in accuracy.items() for s, a in enumerate(values)])
+
+
+def test_the_se_adds_the_seeds_spread_to_the_sampling():
+    far = beyond_window(runs_of({"a": [0.2, 0.4, 0.3], "b": [0.3]}), 4).set_index("mixer")
+    assert far.loc["a", "accuracy"] == pytest.approx(0.3) and far.loc["a", "n"] == 300
+    spread = np.var([0.2, 0.4, 0.3], ddof=1) / 3
+    assert far.loc["a", "se"] == pytest.approx(math.sqrt(spread + 0.3 * 0.7 / 100))
+    assert far.loc["b", "se"] == pytest.approx(math.sqrt(0.3 * 0.7 / 100))  # one seed: binomial
+
+
+def test_margins_pair_the_seeds():
+    runs = runs_of({"attention:window": [0.1, 0.3], "titans:window": [0.2, 0.5],
+                    "attention": [0.9, 0.9]})
+    margins = margins_over_window(runs, 4)
+    assert list(margins) == ["titans:window"]
+    m = margins["titans:window"]
+    assert m["per_seed"] == [0.1, 0.2] and m["difference"] == pytest.approx(0.15)
+    sampling = 0.35 * 0.65 / 100 + 0.2 * 0.8 / 100
+    assert m["se"] == pytest.approx(math.sqrt(np.var([0.1, 0.2], ddof=1) / 2 + sampling), abs=1e-4)
+    assert margins_over_window(runs[runs.mixer != "attention:window"], 4) == {}
 
 
 class Oracle(nn.Module):
@@ -68,14 +111,6 @@ def test_accuracy_is_the_share_of_answers_the_model_gets_right():
         assert row["accuracy"] == pytest.approx(expected)
         assert row["se"] == pytest.approx(math.sqrt(expected * (1 - expected) / row["n"]))
     assert rows[0]["accuracy"] == 1.0 and 0 < rows[1]["accuracy"] < 1 and rows[3]["accuracy"] == 0.0
-
-
-def test_beyond_the_window_pools_the_far_bins():
-    table = pd.DataFrame({"mixer": ["a"] * 3 + ["b"] * 3, "low": [0, 4, 8] * 2,
-                          "correct": [9, 3, 1, 5, 5, 5], "n": [10, 10, 10] * 2})
-    far = beyond_window(table, 4).set_index("mixer")
-    assert far.loc["a", "accuracy"] == pytest.approx(0.2) and far.loc["a", "n"] == 20
-    assert far.loc["b", "se"] == pytest.approx(math.sqrt(0.5 * 0.5 / 20))
 
 
 def test_the_models_are_matched_in_size_to_one_mlp_column():

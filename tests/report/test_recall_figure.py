@@ -42,11 +42,14 @@ def test_the_summary_line_names_the_best_beyond_the_window_with_its_se():
 
 def test_a_memory_beside_the_window_gets_its_margin_over_sliding_window_attention():
     m = metrics()
-    m["by_mixer"]["titans:window"] = {"beyond_window": {"accuracy": 0.118, "se": 0.008, "n": 300}}
-    m["by_mixer"]["attention:window"]["beyond_window"].update(accuracy=0.062, se=0.006)
+    assert window_margins(m) == []  # no margins recorded (no `:window` memory was run)
+    m["margins_over_sliding_window"] = {"titans:window": {"difference": 0.056, "se": 0.01,
+                                                          "per_seed": [0.05, 0.062]}}
+    m["settings"]["seeds"] = 2
     assert window_margins(m) == [
         "titans:window minus sliding-window attention beyond the window: +0.056 ± 0.010 (5.6 "
-        "standard errors; evaluation noise, one training seed)"]
+        "standard errors; the spread over 2 training seeds and the evaluation's sampling)"]
     assert recall_summary(m).endswith("chance 0.031. " + window_margins(m)[0] + ".")
-    del m["by_mixer"]["attention:window"]
-    assert window_margins(m) == []
+    m["settings"]["seeds"] = 1
+    assert window_margins(m)[0].endswith("(5.6 standard errors; evaluation noise only, one "
+                                         "training seed)")

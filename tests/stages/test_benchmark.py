@@ -46,13 +46,13 @@ def test_the_recall_benchmark_writes_its_metrics_and_table(tmp_path):
     import json
     params = _recall_params(tmp_path, mixers=["attention:window"], steps=2, batch=2, seq_len=16,
                             window=2, n_pairs=2, n_keys=4, n_values=4, eval_sequences=4,
-                            d_model=8, n_layers=1, n_heads=2)
+                            d_model=8, n_layers=1, n_heads=2, seeds=2)
     table, curve, metrics = recall_benchmark(params, tmp_path / "m" / "recall.json",
                                              tmp_path / "p" / "recall.csv")
-    assert list(table.columns) == RECALL_COLUMNS and len(curve) == 2
+    assert list(table.columns) == RECALL_COLUMNS and len(curve) == 2 * 2
     assert json.loads((tmp_path / "m" / "recall.json").read_text()) == metrics
     assert metrics["enabled"] and metrics["best_beyond_window"]["mixer"] == "attention:window"
-    assert pd.read_csv(tmp_path / "p" / "recall.csv")["n"].sum() == 4 * 2
+    assert pd.read_csv(tmp_path / "p" / "recall.csv")["n"].sum() == 2 * 4 * 2  # seeds x answers
 
 
 def test_the_recall_benchmark_switched_off_writes_an_empty_table(tmp_path):

@@ -59,6 +59,11 @@ def test_ablate_and_benchmark_headlines():
         "accuracy": 0.5, "se": 0.01, "n": 100}}}}
     assert benchmark_summary(bench, None, recall)["recall_beyond_window"] == {
         "rwkv7": {"accuracy": 0.5, "accuracy_noise": 0.01}}
+    assert "recall_margin_over_sliding_window" not in benchmark_summary(bench, None, recall)
+    recall["margins_over_sliding_window"] = {"titans:window": {"difference": 0.07, "se": 0.01,
+                                                               "per_seed": [0.06, 0.08]}}
+    assert benchmark_summary(bench, None, recall)["recall_margin_over_sliding_window"] == {
+        "titans:window": {"difference": 0.07, "difference_noise": 0.01}}
     assert "recall_beyond_window" not in benchmark_summary(bench, None, {"enabled": False})
     assert tokenize_summary({"tokens": 10, "seconds": 3.0}) == {"tokens": 10}
 
