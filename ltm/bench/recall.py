@@ -94,14 +94,10 @@ class RecallBench:
 
 @dataclass
 class RecallResult:
+    table: pd.DataFrame  # one row per mixer and distance bin, over the seeds (over_seeds)
     runs: pd.DataFrame  # one row per mixer, training seed and distance bin
     curve: pd.DataFrame  # mixer, seed, step, loss
     seconds: float  # wall time of the whole benchmark
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """One row per mixer and distance bin, over the seeds (see the module's docstring)."""
-        return over_seeds(self.runs, "bin")
 
 
 def model_config(bench: RecallBench, entry: str, d_ff: int | None = None) -> ModelConfig:
@@ -236,8 +232,8 @@ def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
                          for r in recall_accuracy(model, held_out, bins)]
                 curves += [{"mixer": entry, "seed": seed, "step": s, "loss": v}
                            for s, v in enumerate(losses)]
-    columns = ["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]
-    return RecallResult(pd.DataFrame(rows)[columns], pd.DataFrame(curves),
+    runs = pd.DataFrame(rows)[["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]]
+    return RecallResult(over_seeds(runs, "bin"), runs, pd.DataFrame(curves),
                         time.perf_counter() - start)
 
 
@@ -273,13 +269,19 @@ def beyond_window(runs: pd.DataFrame, window: int) -> pd.DataFrame:
     return over_seeds(runs[runs["low"] >= window], None)
 
 
+def far_per_seed(runs: pd.DataFrame, window: int) -> pd.DataFrame:
+    """Per mixer and seed, the answers beyond the window pooled: correct, n, accuracy."""
+    far = runs[runs["low"] >= window].groupby(["mixer", "seed"], sort=False)[["correct", "n"]].sum()
+    return far.assign(accuracy=far["correct"] / far["n"])
+
+
 def margins_over_window(runs: pd.DataFrame, window: int) -> dict[str, dict]:
     """Each other `:window` model (a memory beside the same sliding window: titans:window) against
     sliding-window attention beyond the window: the mean over seeds of the paired difference
     (same seed, same held-out answers) and its SE, the differences' spread over the seeds added to
     the two evaluations' sampling."""
-    far = runs[runs["low"] >= window].groupby(["mixer", "seed"])[["correct", "n"]].sum()
-    accuracy = (far["correct"] / far["n"]).unstack("mixer")  # (seed, mixer)
+    far = far_per_seed(runs, window)
+    accuracy = far["accuracy"].unstack("mixer")  # (seed, mixer)
     n = far["n"].groupby("mixer").mean()
     if "attention:window" not in accuracy:
         return {}
@@ -305,9 +307,7 @@ def recall_metrics(result: RecallResult, bench: RecallBench, device_name: str) -
     table, far = result.table, beyond_window(result.runs, bench.window)
     near = table[table["high"] <= bench.window].set_index("mixer")
     best = far.loc[far["accuracy"].idxmax()]
-    seeds = result.runs[result.runs["low"] >= bench.window].groupby(["mixer", "seed"], sort=False)[
-        ["correct", "n"]].sum()
-    per_seed = (seeds["correct"] / seeds["n"]).round(4)
+    per_seed = far_per_seed(result.runs, bench.window)["accuracy"].round(4)
     # the training loss over each run's last 10% of steps, averaged over the seeds
     last = result.curve.groupby(["mixer", "seed"], sort=False)["loss"].apply(
         lambda v: float(v.iloc[-max(1, len(v) // 10):].mean())).groupby("mixer", sort=False).mean()
