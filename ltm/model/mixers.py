@@ -198,6 +198,7 @@ def convolved_qkv(qkv: torch.Tensor, conv: ShortConv | None, state: dict | None,
     D = C3 // (3 * n_heads)
     conv_state = None
     if conv is not None and state is None and fused:
+        # imported here: the Triton kernels load only when a fused training step asks for them
         from ltm.kernels.short_conv import short_conv_qkv
         # convolution, SiLU and the L2 norm of q and k in one pass over qkv, and one back
         q, k, v = (t.view(B, T, n_heads, D) for t in short_conv_qkv(qkv, conv.weight[:, 0].t(), D))

@@ -100,34 +100,34 @@ class Titans(nn.Module):
                            f"memory_c{layer}": c - w0[layer]})
         return packed
 
-    def _memory(self, x: torch.Tensor, gates: torch.Tensor, state, conv_state):
-        """The memory branch: its output (B, T, C) before the gate, its new state and its
-        convolution's (None without a state)."""
+    def _memory(self, x: torch.Tensor, gates: torch.Tensor, state: dict | None):
+        """The memory branch: its output (B, T, C) before the gate, the memory's new state and
+        the convolution's (both None without a `state`, the flat generation dict)."""
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
-        conv_in = None if state is None or self.conv is None else {"conv": conv_state}
         fused = self.kernel == "triton" and self.fused_conv
-        q, k, v, conv_state = convolved_qkv(self.qkv(x), self.conv, conv_in, H, fused)
+        q, k, v, conv_state = convolved_qkv(self.qkv(x), self.conv, state, H, fused)
+        memory_state = None if state is None else self._unpack(state)
         # (B, T, H) each
         theta, alpha, eta = torch.sigmoid(gates + self.gate_bias).view(B, T, 3, H).unbind(2)
         weights = list(self.memory)
         options = dict(kernel=self.kernel, chunk_size=self.chunk_size, grad_clip=self.grad_clip)
-        if state is not None and T == 1:
-            o, state = titans_memory_one_token(q[:, 0], k[:, 0], v[:, 0], theta[:, 0],
-                                               alpha[:, 0], eta[:, 0], weights, state, **options)
+        if memory_state is not None and T == 1:
+            o, memory_state = titans_memory_one_token(q[:, 0], k[:, 0], v[:, 0], theta[:, 0],
+                                                      alpha[:, 0], eta[:, 0], weights,
+                                                      memory_state, **options)
             o = o[:, None]
         else:
-            o, state = titans_memory(q, k, v, theta, alpha, eta, weights, initial_state=state,
-                                     output_final_state=state is not None, **options)
+            o, memory_state = titans_memory(q, k, v, theta, alpha, eta, weights,
+                                            initial_state=memory_state,
+                                            output_final_state=memory_state is not None, **options)
         # (B, T, H, D); the norm's weight in o's dtype keeps bf16 on torch's fused kernel
         o = F.rms_norm(o, (D,), self.norm_weight.to(o.dtype), self.norm_eps)
-        return self.out_proj(o.reshape(B, T, C)), state, conv_state
+        return self.out_proj(o.reshape(B, T, C)), memory_state, conv_state
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
         params, mix = self.gate_proj(x).split(self.gate_widths, dim=-1)
-        memory_state = None if state is None else self._unpack(state)
-        conv_state = None if state is None else state.get("conv")
-        memory, memory_state, conv_state = self._memory(x, params, memory_state, conv_state)
+        memory, memory_state, conv_state = self._memory(x, params, state)
         attn_state = None if state is None else {key: state[key] for key in ("k", "v", "pos")}
         if self.arrangement == "mag":
             attended, attn_state = self.attn(x, attn_state)
