@@ -10,7 +10,7 @@ JUPYTER_CONFIG := $(JUPYTER_ETC)/jupyter_server_config.json \
 # the stages call `python` and `dvc`: take them from the virtualenv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup workbook test test-newest
+.PHONY: setup workbook test test-newest gpu-check
 
 setup: $(INSTALLED) $(CORPUS) $(JUPYTER_CONFIG)
 
@@ -55,3 +55,9 @@ $(INSTALLED_NEWEST): requirements-newest.txt pyproject.toml
 
 test-newest: $(INSTALLED_NEWEST)
 	$(PY_NEWEST) -m pytest -q tests/kernels tests/ops
+
+# On a CUDA machine with torch and Triton (no virtualenv needed): kernel tests, every mixer trained
+# eager and compiled, plain and latent, generation, DDP; one table (gpu/check.py). A change to
+# kernels/, ltm/ops, ltm/model or ltm/train lands with a passing check of its own commit.
+gpu-check:
+	bash gpu/check.sh

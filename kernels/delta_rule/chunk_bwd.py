@@ -73,8 +73,10 @@ def _bwd_local_kernel(q, k, d, h, gcum, do, dd, dh, dq, ds, dg_local, scale, T, 
 @triton.jit
 def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
-                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr, SEG=0,
-                      SEGMENTED: tl.constexpr = False, MODE: tl.constexpr = 0):
+                      STORE_DH0: tl.constexpr, PRECISION: tl.constexpr, SEG,
+                      SEGMENTED: tl.constexpr, MODE: tl.constexpr):
+    # no parameter has a default: torch.compile's launch of a user kernel passes exactly the
+    # arguments given, and one left to its default broke the compiled backward (H200, torch 2.11)
     # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
     # entering the chunk, dS <- exp(G_last) dS + (exp(G) Q)^T dO - W^T dD. It reads each chunk's
     # (exp(G) Q)^T dO from dh_local and writes the gradient of its end state to dh (the same

@@ -142,7 +142,7 @@ def _chunk_output(q, o, scale, b_kt, b_s, b_d, b_G, valid, i_b, i_h, i_hq, T, H,
 def _segment_states_kernel(p, e, h0, hs, ht, NS, K: tl.constexpr, V: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                            STORE_HT: tl.constexpr, PRECISION: tl.constexpr,
-                           REVERSE: tl.constexpr = False):
+                           REVERSE: tl.constexpr):
     # sequential over the segments: S_{s+1} = P_s S_s + E_s from each segment's transition P_s
     # (K, K) and its end state from zeros E_s; the state entering segment s goes to hs[i_bh NS + s].
     # REVERSE (the backward): the segments last to first, P_s^T given as p, E_s the gradient at

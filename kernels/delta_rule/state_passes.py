@@ -62,7 +62,7 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
                       lambda m: (cdiv(V, m["BV"]), BH), [tuning.config(4, 1, BV=32)], cls,
                       {"p": trans, "e": ends, "h0": h0, "hs": starts, "ht": ht, "NS": NS, "K": K,
                        "V": V, "BK": BK, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
-                       "PRECISION": "tf32x3"})  # float32-level: the states' sums over segments
+                       "PRECISION": "tf32x3", "REVERSE": False})  # float32-level: sums over segments
         h0, ht = starts, None
     name, configs = (("delta_rule.fwd_output", launch_choices._fused_output_configs(cls))
                      if fused_o is not None else ("delta_rule.fwd", _sequential_configs(cls)))
@@ -117,7 +117,8 @@ def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, se
     if NS == 1:
         tuning.launch("delta_rule.bwd_state", _bwd_state_kernel, lambda m: (cdiv(V, m["BV"]), BH),
                       _sequential_configs(cls), cls,
-                      {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None},
+                      {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
+                       "SEG": 0, "SEGMENTED": False, "MODE": 0},
                       restore=("dd", "dh_local"))
         return
     f32, dev = torch.float32, k.device

@@ -1,0 +1,37 @@
+"""gpu/check.py on a CPU-sized model: every case a row, a broken case a FAIL row beside the
+passing ones (not a stop), the record written with device, versions and commit."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "gpu" / "check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_broken_case_is_a_row_and_the_others_still_run(tmp_path, capsys):
+    check = load_check()
+    # titans_depth 2 has no Triton kernel: titans fails its config check, deltanet still trains
+    rc = check.main(["--tiny", "--no-tests", "--only", "deltanet,titans", "--modes", "eager",
+                     "--no-latent", "--steps", "2", "--out", str(tmp_path),
+                     "--set", "model.titans_depth=2"])
+    record = json.loads((tmp_path / "check.json").read_text())
+    rows = {row["case"]: row for row in record["rows"]}
+    assert rc == 1
+    assert rows["deltanet eager"]["ok"] and rows["deltanet eager"]["generation"] == "ok"
+    assert not rows["titans eager"]["ok"] and "titans_depth 1" in rows["titans eager"]["error"]
+    assert {"device", "versions", "commit", "command"} <= set(record)
+    table = capsys.readouterr().out
+    assert "1 of 2 cases passed; 1 FAILED" in table
+
+
+def test_an_unknown_mixer_is_one_line():
+    with pytest.raises(SystemExit, match="unknown mixer 'deltanett'"):
+        load_check().main(["--tiny", "--only", "deltanett"])
