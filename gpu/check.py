@@ -18,6 +18,9 @@ model (the CI test of this script, Triton through its interpreter).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -155,7 +158,11 @@ def training_row(name: str, overrides: list[str], params: str, compiled: bool,
         model_cfg, train_cfg, cache_dir = load_configs(params, sets)
         with tempfile.TemporaryDirectory() as out:
             trainer = Trainer(model_cfg, train_cfg, cache_dir, out, progress=False)
-            metrics = trainer.run().metrics
+            # the first step (compilation) while other cases may hold the GPU; the rest alone
+            trainer.train_step(trainer.loader(), {"data_wait": 0.0, "excluded": 0.0,
+                                                  "start": time.perf_counter()})
+            with gpu_turn():
+                metrics = trainer.run().metrics
         loss = metrics["train_loss"]
         row.update(tokens_per_s=metrics.get("tokens_per_s"), peak_mib=metrics.get("peak_memory_mib"),
                    loss=round(loss, 4))
@@ -172,6 +179,39 @@ def training_row(name: str, overrides: list[str], params: str, compiled: bool,
     finally:
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return row
+
+
+@contextlib.contextmanager
+def gpu_turn():
+    """The GPU to this case alone while it is timed (LTM_CHECK_LOCK: a lock file shared by the
+    parallel cases; unset: no lock)."""
+    path = os.environ.get("LTM_CHECK_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def case_in_a_worker(case: tuple[str, str, bool], argv: list[str], lock: str) -> dict:
+    """One case in a process of its own (its compilation overlaps other cases'; the timed steps
+    take the GPU lock), its row read back from a file."""
+    name, mode, latent = case
+    with tempfile.TemporaryDirectory() as folder:
+        row_file = Path(folder) / "row.json"
+        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--case",
+                   f"{name}:{mode}:{int(latent)}", "--row-file", str(row_file)]
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "LTM_CHECK_LOCK": lock},
+                              capture_output=True, text=True)
+        if row_file.exists():
+            return json.loads(row_file.read_text())
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"case": f"{name} {mode}{' +latent' if latent else ''}", "ok": False,
+                "error": f"worker exit {done.returncode}: {tail[0][:250]}"}
 
 
 def ddp_row(params: str, overrides: list[str]) -> dict:
@@ -220,20 +260,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests-timeout", type=int, default=300)
     parser.add_argument("--tiny", action="store_true", help="a CPU-sized model (CI)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="cases run at once (compilation overlaps; the timed steps take turns "
+                             "on the GPU); default 4 on a GPU, 1 on a CPU")
+    parser.add_argument("--commit", default=None, help="the commit to record (default: git's)")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # a worker's one case: name:mode:latent
+    parser.add_argument("--row-file", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     unknown = [m for m in args.only.split(",") if m and m not in MIXERS]
     if unknown:
         raise SystemExit(f"error: unknown mixer {unknown[0]!r}; expected one of {', '.join(MIXERS)}")
-    mixers = [m for m in MIXERS if not args.only or m in args.only.split(",")]
     base = [*(TINY_RUN if args.tiny else GPU_RUN), f"train.steps={args.steps}",
             f"train.timing_warmup={max(1, args.steps // 2)}", f"train.eval_every={args.steps}",
             *args.set]
+    if args.case:
+        name, mode, latent = args.case.split(":")
+        row = training_row(name, [*MIXERS[name], *base], args.params, mode == "compiled",
+                           latent == "1", generate=latent == "0" and mode == "eager")
+        Path(args.row_file).write_text(json.dumps(row))
+        return 0
+    mixers = [m for m in MIXERS if not args.only or m in args.only.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"what": "gpu/check.py: kernel tests, training of every mixer eager and compiled, "
                       "plain and latent, cached generation, DDP",
               "date": time.strftime("%Y-%m-%d"), "device": device_name(), "versions": versions(),
-              "commit": commit(), "command": " ".join(["python3 gpu/check.py", *(argv or sys.argv[1:])]),
+              "commit": args.commit or commit(), "command": " ".join(["python3 gpu/check.py", *argv]),
               "settings": base, "rows": []}
 
     def add(rows: list[dict]) -> None:
@@ -245,11 +298,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_tests:
         add(kernel_test_rows(args.tests_timeout, 1 if args.tiny else 12))
-    for name in mixers:
-        for latent in (False,) if args.no_latent else (False, True):
-            for mode in args.modes.split(","):
-                add([training_row(name, [*MIXERS[name], *base], args.params, mode == "compiled",
-                                  latent, generate=not latent and mode == "eager")])
+    cases = [(name, mode, latent) for name in mixers
+             for latent in ((False,) if args.no_latent else (False, True))
+             for mode in args.modes.split(",")]
+    workers = args.workers or (4 if torch.cuda.is_available() else 1)
+    if workers == 1:
+        for name, mode, latent in cases:
+            add([training_row(name, [*MIXERS[name], *base], args.params, mode == "compiled",
+                              latent, generate=not latent and mode == "eager")])
+    else:
+        lock = str(out / "gpu.lock")
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            # compiled cases first: their compilation is the long part
+            order = sorted(cases, key=lambda c: c[1] != "compiled")
+            futures = [pool.submit(case_in_a_worker, case, argv, lock) for case in order]
+            for future in concurrent.futures.as_completed(futures):
+                add([future.result()])
+        rank = {f"{n} {m}{' +latent' if l else ''}": i for i, (n, m, l) in enumerate(cases)}
+        record["rows"].sort(key=lambda r: rank.get(r["case"], -1))
     if torch.cuda.device_count() >= 2:
         add([ddp_row(args.params, [*MIXERS["attention"], *base])])
     print(table(record["rows"]))
