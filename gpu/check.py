@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -99,39 +100,53 @@ def error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
+OUTCOME = re.compile(r"(PASSED|FAILED|ERROR|SKIPPED)\s+(tests/\S+?\.py)::(\S+)|"
+                     r"(tests/\S+?\.py)::(\S+)\s+(PASSED|FAILED|ERROR|SKIPPED)")
+
+
+def test_outcomes(log: str) -> dict[str, dict]:
+    """Per test file: passed / failed / skipped counts and the first failure, read from pytest's
+    verbose lines (with or without xdist), so that a run cut at its limit still tells."""
+    files: dict[str, dict] = {}
+    for match in OUTCOME.finditer(log):
+        outcome = match.group(1) or match.group(6)
+        path, test = (match.group(2), match.group(3)) if match.group(1) else match.group(4, 5)
+        row = files.setdefault(Path(path).stem, {"passed": 0, "failed": 0, "skipped": 0,
+                                                 "first_failure": None})
+        key = {"PASSED": "passed", "SKIPPED": "skipped"}.get(outcome, "failed")
+        row[key] += 1
+        if key == "failed" and row["first_failure"] is None:
+            row["first_failure"] = test
+    return files
+
+
 def kernel_test_rows(timeout_s: int, workers: int) -> list[dict]:
-    """One row per test file: passed / failed counts from pytest's JUnit report."""
-    import xml.etree.ElementTree as ET
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p", "no:cacheprovider",
-                   f"--junitxml={report}", *KERNEL_TESTS]
-        if workers > 1:
-            command += ["-n", str(workers)]
-        start = time.perf_counter()
+    """One row per test file (passed / failed counts), and a row saying so if the run was cut."""
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:warnings", "-p", "no:cacheprovider",
+               *KERNEL_TESTS, *(["-n", str(workers)] if workers > 1 else [])]
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            subprocess.run(command, cwd=ROOT, timeout=timeout_s, capture_output=True, text=True)
+            process.wait(timeout=timeout_s)
+            cut = False
         except subprocess.TimeoutExpired:
-            return [{"case": "kernel tests", "ok": False, "error": f"cut at {timeout_s} s"}]
-        seconds = time.perf_counter() - start
-        if not report.exists():
-            return [{"case": "kernel tests", "ok": False, "error": "pytest wrote no report"}]
-        files: dict[str, dict] = {}
-        for case in ET.parse(report).getroot().iter("testcase"):
-            name = case.get("classname", "").rsplit(".", 1)[-1] if "." in case.get("classname", "") else case.get("classname", "")
-            row = files.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0, "first_failure": None})
-            failure = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if failure is not None:
-                row["failed"] += 1
-                row["first_failure"] = row["first_failure"] or f"{case.get('name')}: {failure.get('message', '')[:200]}"
-            elif case.find("skipped") is not None:
-                row["skipped"] += 1
-            else:
-                row["passed"] += 1
-    return [{"case": f"tests {name}", "ok": row["failed"] == 0 and row["passed"] > 0,
+            process.kill()
+            process.wait()
+            cut = True
+        log.seek(0)
+        files = test_outcomes(log.read())
+    seconds = round(time.perf_counter() - start, 1)
+    done = sum(row["passed"] for row in files.values())
+    rows = [{"case": f"tests {name}", "ok": row["failed"] == 0 and row["passed"] > 0,
              "detail": f"{row['passed']} passed, {row['failed']} failed, {row['skipped']} skipped",
-             "error": row["first_failure"], "seconds": round(seconds, 1)}
+             "error": row["first_failure"] and f"first failure: {row['first_failure']}"}
             for name, row in sorted(files.items())]
+    if cut or not rows:
+        rows.append({"case": "kernel tests", "ok": False, "seconds": seconds,
+                     "error": f"cut at {timeout_s} s after {done} tests passed" if cut
+                     else f"no test ran (pytest exit {process.returncode})"})
+    return rows
 
 
 def greedy_matches_full_forward(model, prompt_len: int, new_tokens: int, device) -> str | None:

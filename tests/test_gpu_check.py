@@ -35,3 +35,15 @@ def test_a_broken_case_is_a_row_and_the_others_still_run(tmp_path, capsys):
 def test_an_unknown_mixer_is_one_line():
     with pytest.raises(SystemExit, match="unknown mixer 'deltanett'"):
         load_check().main(["--tiny", "--only", "deltanett"])
+
+
+def test_test_outcomes_count_each_file_and_name_the_first_failure():
+    log = ("[gw1] [ 10%] PASSED tests/kernels/test_kernels_titans.py::test_a[bf16]\n"
+           "tests/ops/test_rwkv7.py::test_b FAILED                      [ 20%]\n"
+           "[gw0] [ 30%] FAILED tests/ops/test_rwkv7.py::test_c[16-fp32]\n"
+           "[gw0] [ 40%] SKIPPED tests/ops/test_rwkv7.py::test_d\n")
+    files = load_check().test_outcomes(log)
+    assert files["test_kernels_titans"] == {"passed": 1, "failed": 0, "skipped": 0,
+                                            "first_failure": None}
+    assert files["test_rwkv7"] == {"passed": 0, "failed": 2, "skipped": 1,
+                                   "first_failure": "test_b"}
