@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ltm.data.corpus import SHAKESPEARE_ARCHIVE, DataError, read_corpus, split_documents
+from ltm.data.corpus import SHAKESPEARE_ARCHIVE, DataError, read_corpus
+from ltm.data.works import group_works, split_documents
 from ltm.data.synthetic import (EXACT_FILE, SyntheticConfig, bigram_entropy, entropy_metrics,
                                 exact_values, generate_split, make_chains, save_exact)
 from ltm.data.tokenizer import (end_of_text_id, load_tokenizer, save_tokenizer, symbol_name,
@@ -115,7 +116,9 @@ def build_cache(cfg: DataConfig, progress: bool = True) -> dict:
     if cfg.source == "synthetic":
         return build_synthetic_cache(cfg, start)
     docs = read_corpus(cfg.source, cfg.archive, cfg.hf_split, cfg.hf_text_field, cfg.hf_config)
-    splits = dict(zip(SPLITS, split_documents(docs, cfg.val_fraction, cfg.seed)))
+    works = group_works(docs)  # editions of one work stay on one side of the split
+    splits = dict(zip(SPLITS, split_documents(docs, cfg.val_fraction, cfg.seed, works)))
+    work_of = {d.name: index for index, group in enumerate(works) for d in group}
     tokenizer = train_tokenizer((d.text for d in splits["train"]), cfg.vocab_size)
     save_tokenizer(tokenizer, cache_dir / TOKENIZER_FILE)
     vocab_size = tokenizer.get_vocab_size()
@@ -129,6 +132,7 @@ def build_cache(cfg: DataConfig, progress: bool = True) -> dict:
         (cache_dir / f"{split}.txt").write_text("\n\n".join(d.text for d in split_docs))
         meta["splits"][split] = {
             "documents": len(split_docs), "names": [d.name for d in split_docs],
+            "works": len({work_of[d.name] for d in split_docs}),
             "bytes": sum(len(d.text.encode()) for d in split_docs),
             "tokens": sum(s["tokens"] for s in shards), "shards": shards}
     _write_meta(cache_dir, meta)
@@ -175,7 +179,10 @@ def build_synthetic_cache(cfg: DataConfig, start: float) -> dict:
 def cache_metrics(meta: dict, seconds: float) -> dict:
     splits = meta["splits"].values()
     n_bytes, n_tokens = sum(s["bytes"] for s in splits), sum(s["tokens"] for s in splits)
-    return {"documents": sum(s["documents"] for s in splits), "bytes": n_bytes, "tokens": n_tokens,
+    return {"documents": sum(s["documents"] for s in splits),
+            # works: documents grouped by shared text (ltm.data.works); absent in older caches
+            **({"works": sum(s["works"] for s in splits)} if all("works" in s for s in splits) else {}),
+            "bytes": n_bytes, "tokens": n_tokens,
             "train_tokens": meta["splits"]["train"]["tokens"],
             "val_tokens": meta["splits"]["val"]["tokens"],
             "bytes_per_token": round(n_bytes / max(n_tokens, 1), 4),

@@ -77,7 +77,11 @@ def _read_local(pattern: str) -> list[Document]:
         raise DataError(f"{pattern}: no such file or folder")
     if not files:
         raise DataError(f"{pattern}: the folder holds no .txt file")
-    return [Document(str(p), _decode(p.read_bytes())) for p in files]
+    # names relative to the files' common folder: the split (which hashes names) is then the same
+    # however the source is spelled (relative, absolute, with or without ./)
+    root = path if path.is_dir() else Path(os.path.commonpath([p.resolve().parent for p in files]))
+    return [Document(os.path.relpath(p.resolve(), root.resolve()), _decode(p.read_bytes()))
+            for p in files]
 
 
 def _read_hf(name: str, split: str, text_field: str, config: str | None) -> list[Document]:
@@ -120,15 +124,3 @@ def _drop_duplicates(docs: list[Document]) -> list[Document]:
             seen.add(digest)
             unique.append(doc)
     return unique
-
-
-def split_documents(docs: list[Document], val_fraction: float, seed: int
-                    ) -> tuple[list[Document], list[Document]]:
-    """Deterministic train/val split by document: the same names and seed give the same split,
-    whatever order the documents came in. At least one document lands on each side."""
-    if len(docs) < 2:
-        raise DataError(f"corpus has {len(docs)} document(s); a train/val split needs at least 2")
-    ranked = sorted(docs, key=lambda d: hashlib.sha256(f"{seed}:{d.name}".encode()).hexdigest())
-    n_val = min(max(1, round(val_fraction * len(docs))), len(docs) - 1)
-    val_names = {d.name for d in ranked[:n_val]}
-    return [d for d in docs if d.name not in val_names], [d for d in docs if d.name in val_names]

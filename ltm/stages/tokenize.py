@@ -20,9 +20,11 @@ def tokenize_stage(params_path: str | Path, metrics_path: str | Path) -> tuple[d
     metrics = build_cache(cfg)
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
-    print(f"tokenized {metrics.get('documents', '?')} documents: {metrics.get('tokens', 0):,} tokens, "
+    works = f" ({metrics['works']} works)" if "works" in metrics else ""
+    print(f"tokenized {metrics.get('documents', '?')} documents{works}: {metrics.get('tokens', 0):,} tokens, "
           f"vocabulary {metrics.get('vocab_size', '?')} -> {cfg.cache_dir}")
-    splits = pd.DataFrame([{"split": name, "documents": split["documents"], "bytes": split["bytes"],
+    splits = pd.DataFrame([{"split": name, "documents": split["documents"],
+                            "works": split.get("works"), "bytes": split["bytes"],
                             "tokens": split["tokens"], "shards": len(split["shards"])}
                            for name, split in read_meta(cfg.cache_dir)["splits"].items()])
     return metrics, splits

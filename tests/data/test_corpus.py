@@ -3,7 +3,7 @@ import tarfile
 
 import pytest
 
-from ltm.data.corpus import DataError, Document, read_corpus, split_documents
+from ltm.data.corpus import DataError, Document, read_corpus
 
 
 def _make_archive(path, files: dict[str, bytes]) -> None:
@@ -74,20 +74,3 @@ def test_hf_dataset_from_local_data(tmp_path):
         read_corpus(f"hf:{folder}")
 
 
-def test_split_is_deterministic_by_document_and_order_free():
-    docs = [Document(f"doc{i}", f"text {i}") for i in range(20)]
-    train, val = split_documents(docs, 0.2, seed=7)
-    train2, val2 = split_documents(list(reversed(docs)), 0.2, seed=7)
-    assert {d.name for d in val} == {d.name for d in val2} and len(val) == 4
-    assert not {d.name for d in train} & {d.name for d in val}
-    assert len(train) + len(val) == 20
-    _, val_other_seed = split_documents(docs, 0.2, seed=8)
-    assert {d.name for d in val_other_seed} != {d.name for d in val}
-
-
-def test_split_keeps_one_document_each_side():
-    docs = [Document("a", "x"), Document("b", "y")]
-    train, val = split_documents(docs, 0.01, seed=0)
-    assert len(train) == 1 and len(val) == 1
-    with pytest.raises(DataError, match="at least 2"):
-        split_documents(docs[:1], 0.5, seed=0)
