@@ -26,7 +26,7 @@ from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
 from ltm.report.render import human
 from ltm.report.gpu import Section
-from ltm.report.study import bound_figure, encoder_table, study_table
+from ltm.report.study import bound_figure, encoder_table, published_table, study_table
 
 
 def _read_json(path: Path) -> dict | None:
@@ -58,7 +58,8 @@ def study_section(results_dir: Path, records_dir: Path | None = None) -> Section
         read_records(records_dir, "speed", "GPU study")
     tables, figures = [], []
     if study and study.get("enabled"):
-        tables, figures = [study_table(study), encoder_table(study)], [bound_figure(study)]
+        tables = [study_table(study), encoder_table(study), published_table(study)]
+        figures = [bound_figure(study)]
         note = STUDY_NOTE  # the verdict lines head the page (ltm.report.headline)
     else:
         why = "study.enabled is false" if study else "the train stage wrote no study.json"
@@ -84,7 +85,9 @@ STUDY_NOTE = ("Suffix NLL: the second half of each validation sequence given the
               "the plain model's weights take as many SGD steps on the prefix as the latent model "
               "takes inference steps (each costing more FLOPs), the best step size reported. "
               "Second table: the bound NLL + KL per token after the encoder and k inference steps, "
-              "and the cold-start steps that reach it.")
+              "and the cold-start steps that reach it. Third table: the latent model's bound as the "
+              "LTM authors report it (q and its noise fitted to the scored text), the honest bound "
+              "(fresh noise), IWAE with 64 samples and the suffix NLL given the prefix.")
 
 
 def summary_section(metrics_dir: Path) -> Section:

@@ -1,5 +1,5 @@
 """ltm.report.study: the study's tables and figure from its metrics."""
-from ltm.report.study import bound_figure, encoder_table, study_table, verdict_lines
+from ltm.report.study import bound_figure, encoder_table, published_table, study_table, verdict_lines
 
 SOURCE = {
     "suffix_nll": {"latent": {"mean": 3.1, "se": 0.01}, "plain": {"mean": 3.3, "se": 0.01},
@@ -12,6 +12,12 @@ SOURCE = {
     "encoder_buys": {"steps": 2, "bound": 3.4, "ms_per_sequence": 2.0,
                      "authors": {"steps_to_match": 16, "ms_per_sequence": 16.0},
                      "prior": {"steps_to_match": None, "best_bound": 3.45}},
+    "sequences": 8,
+    "published_beside_ours": {
+        "sequences": 4, "steps": 2, "published_bound": {"mean": 3.30, "se": 0.02},
+        "honest_bound": {"mean": 3.34, "se": 0.02}, "iwae_64": {"mean": 3.32, "se": 0.02},
+        "suffix_given_prefix": {"mean": 3.1, "se": 0.01},
+        "optimism": {"mean": 0.04, "se": 0.005, "z": 8.0, "sequences": 4}},
 }
 STUDY = {"enabled": True, "sources": {"testbed": SOURCE}, "verdict": ["testbed: latent beats"]}
 
@@ -38,7 +44,7 @@ def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
     assert "no study.json" in study_section(tmp_path).note
     (tmp_path / "study.json").write_text(json.dumps(STUDY))
     section = study_section(tmp_path)
-    assert section.note.startswith("Suffix NLL: the second half") and len(section.tables) == 2
+    assert section.note.startswith("Suffix NLL: the second half") and len(section.tables) == 3
     assert len(section.figures) == 1
 
 
@@ -60,3 +66,11 @@ def test_a_recorded_gpu_study_follows_this_runs(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="not a GPU study record"):
         study_section(tmp_path, records)
+
+
+def test_the_published_bound_stands_beside_the_honest_numbers():
+    table = published_table(STUDY)
+    assert list(table["nats/token"]) == ["3.300 ± 0.020", "3.340 ± 0.020", "3.320 ± 0.020",
+                                         "3.100 ± 0.010", "+0.040 ± 0.005"]
+    assert list(table["sequences"]) == [4, 4, 4, 8, 4]
+    assert published_table({"sources": {"corpus": {}}}).empty

@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from ltm.latent.encoder import attach_encoder
 from ltm.model.lm import LTM
 from ltm.study.contenders import decoder_config, latent_config
+from ltm.latent.posterior import decoder_fitter, gaussian_kl, latent_shape, sequence_nll
 from ltm.study.scores import (bound_curve, dynamic_suffix_nll, own_and_shuffled_suffix_nll,
-                              prefix_posterior_sample, suffix_nll, with_init)
+                              prefix_posterior_sample, published_and_honest_bounds, suffix_nll,
+                              with_init)
 from ltm.study.settings import StudyConfig
 
 CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, inner_steps=2)
@@ -74,3 +76,20 @@ def test_the_bound_is_nll_plus_kl_and_the_cold_start_at_the_prior_pays_no_kl():
         assert math.isclose(r["bound"], r["nll"] + r["kl"]) and r["ms_per_sequence"] >= 0
     enc = bound_curve(model, latent_config(CFG), x, y, [0, 2], seed=0)
     assert [r["init"] for r in enc] == ["encoder"] * 2 and enc[1]["kl"] > 0
+
+
+def test_the_published_bound_reuses_the_fitting_noise_and_is_below_the_honest_one():
+    model, (x, y) = latent_model(), batch(16)
+    cold = with_init(latent_config(CFG), "authors")
+    got = published_and_honest_bounds(model, cold, x, y, steps=16, seed=3, iwae_samples=8)
+    # the published bound: the one draw of eps the inner loop fitted q with
+    generator = torch.Generator().manual_seed(3)
+    post = decoder_fitter(model, cold).fit((x, y), latent_shape(model.cfg, len(x)), 16, generator)
+    with torch.no_grad():
+        expected = (sequence_nll(model, post.sample(), x, y).double()
+                    + gaussian_kl(post.mu, post.log_var).double()) / T
+    torch.testing.assert_close(got["reused_noise"], expected)
+    assert not torch.allclose(got["reused_noise"], got["fresh_noise"])
+    # q was fitted to that noise: on the scored text the reused draw looks better than a fresh one
+    assert got["reused_noise"].mean() < got["fresh_noise"].mean()
+    assert all(v.shape == (16,) and torch.isfinite(v).all() for v in got.values())
