@@ -159,7 +159,8 @@ def server():
                                stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        # waits for the server's answer; the limit only stops a hung start on a loaded machine
+        for _ in range(1800):
             try:
                 fetch_json(base + "/api/status")
                 break
@@ -168,7 +169,7 @@ def server():
                     pytest.fail("jupyter server exited at start")
                 time.sleep(0.1)
         else:
-            pytest.fail("jupyter server did not answer within 30 s")
+            pytest.fail("jupyter server did not answer within 180 s")
         yield base
     finally:
         process.terminate()
