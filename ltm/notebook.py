@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -131,11 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.source).is_file():
         print(f"ltm: {args.source}: no such notebook", file=sys.stderr)
         return 2
+    start = time.perf_counter()
     try:
         run_notebook(args.source, args.output, dict(args.p))
     except papermill.PapermillExecutionError as err:
         print(f"ltm: {args.source} failed: {_one_line(err)}", file=sys.stderr)
         return 1
+    # where the minutes go: one line per stage, on the terminal that runs dvc repro
+    print(f"ltm: {args.source} done in {time.perf_counter() - start:.0f} s", flush=True)
     # the executed notebook too: DVC removes it with the rest, and it is in dvc.lock
     keep_last_run([value for _, value in args.p] + [args.output])
     return 0

@@ -19,7 +19,8 @@ T = TypeVar("T")
 
 
 # the sections of params.yaml, one per stage (and model, read by several): any other is a typo
-SECTIONS = ("data", "model", "train", "prior", "study", "samples", "ablate", "report", "benchmark")
+SECTIONS = ("data", "model", "train", "prior", "study", "samples", "ablate", "report", "benchmark",
+            "recall")
 # floats that YAML 1.2 (DVC's ruamel) reads as numbers and YAML 1.1 (PyYAML) as text: an exponent
 # without a dot or without a sign, e.g. 1e-3 or 1.0e5, as `dvc exp run -S train.lr=1e-3` writes
 EXPONENT_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")

@@ -16,8 +16,6 @@ checkpoint_dir = None
 prior_metrics_path = None
 summary_path = None
 prior_plot_path = None
-recall_metrics_path = None
-recall_plot_path = None
 
 # %%
 # %matplotlib inline
@@ -64,29 +62,6 @@ display(pd.Series({k: v for k, v in prior_metrics.items() if not isinstance(v, (
 prior_table.round(3)
 
 # %% [markdown]
-# ## Recall against distance
-# Multi-query associative recall (ltm/data/recall.py): key-value pairs written through a sequence,
-# each key queried once later. Every mixer of `benchmark.recall.mixers` is trained here on the
-# same batches at (nearly) equal parameters, once per training seed; accuracy on held-out answers
-# by how far back the pair was written, averaged over the seeds, its standard error holding their
-# spread and the evaluation's sampling (ltm/bench/recall.py).
-
-# %%
-from ltm.report.recall_figure import recall_figure
-from ltm.stages.benchmark import recall_benchmark
-
-recall_paths = stage_paths("benchmark", recall_metrics_path=recall_metrics_path,
-                           recall_plot_path=recall_plot_path)
-recall_table, recall_curve, recall_metrics = recall_benchmark(
-    params_path, recall_paths["recall_metrics_path"], recall_paths["recall_plot_path"])
-display(pd.Series({k: v for k, v in recall_metrics.items() if not isinstance(v, (dict, list))},
-                  name="value").to_frame())
-if recall_metrics["enabled"]:
-    display(recall_figure(recall_table, recall_metrics, recall_curve))
-    display(pd.DataFrame(recall_metrics["margins_over_sliding_window"]).T)
-recall_table.round(3)
-
-# %% [markdown]
 # ## The stage's headline metrics
 # What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/benchmark.json).
 
@@ -94,6 +69,5 @@ recall_table.round(3)
 from ltm.stages.summary import benchmark_summary, write_summary
 
 summary_paths = stage_paths("benchmark", summary_path=summary_path)
-summary = write_summary(summary_paths["summary_path"], benchmark_summary(metrics, prior_metrics,
-                                                                     recall_metrics))
+summary = write_summary(summary_paths["summary_path"], benchmark_summary(metrics, prior_metrics))
 pd.json_normalize(summary, sep=" / ").T.rename(columns={0: "value"})

@@ -31,7 +31,8 @@ summary = write_summary(paths["summary_path"], tokenize_summary(metrics))
 pd.Series(summary, name="value").to_frame()
 
 # %% [markdown]
-# Documents per split (the split is by document, fixed by `data.seed`; synthetic: sequences).
+# Documents and works per split (the split is by work, fixed by `data.seed`: editions of one
+# work stay on one side; synthetic: sequences).
 
 # %%
 splits

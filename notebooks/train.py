@@ -14,7 +14,6 @@ metrics_path = None
 plot_path = None
 samples_path = None
 prior_metrics_path = None
-study_metrics_path = None
 summary_path = None
 
 # %%
@@ -85,41 +84,6 @@ from ltm.stages.train import samples_stage
 samples_stage(params_path, paths["checkpoint_dir"], samples_path)
 
 # %% [markdown]
-# ## Do latent thoughts carry information? The study and its controls
-# Small decoders that see only a narrow window (params.yaml `study:`, ltm/study/), so that z is
-# the only channel beyond it, trained on the same batches: the latent model (encoder + a few
-# inference steps), a plain model with as many parameters (equal tokens, and equal training
-# FLOPs), one learned z shared by all sequences, z of another sequence, and dynamic evaluation of
-# the plain model. Each scores the second half of every validation sequence given the first,
-# paired per sequence: gain = control - latent, nats per token, +- its standard error.
-
-# %%
-from ltm.report.study import bound_figure, published_table, study_table, verdict_lines
-from ltm.stages.train import study_stage
-
-study_paths = stage_paths("train", study_metrics_path=study_metrics_path)
-# no progress bars (a stored notebook keeps every update): the study's own log is shown below,
-# and the terminal gets one line per source, its answer against the parameter-matched plain model
-study_log = []
-study = study_stage(params_path, study_paths["study_metrics_path"], progress=False,
-                    say=study_log.append)
-print("\n".join(line for line in verdict_lines(study) if "as many parameters" in line))
-display(Markdown("\n".join(f"- {line}" for line in verdict_lines(study))))
-display(Markdown("Log: " + "; ".join(study_log)))
-study_table(study)
-
-# %%
-bound_figure(study);
-
-# %% [markdown]
-# The latent model's bound as the LTM authors report it (q and its noise fitted to the scored
-# text: biased low), the honest bound (fresh noise), IWAE with 64 samples, and the suffix NLL given
-# the prefix that the study compares: how much of a published figure is optimism.
-
-# %%
-published_table(study)
-
-# %% [markdown]
 # ## The stage's headline metrics
 # What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/train.json); every number
 # above is in the results files (reports/results/).
@@ -129,5 +93,5 @@ from ltm.stages.summary import train_summary, write_summary
 
 summary_paths = stage_paths("train", summary_path=summary_path)
 summary = write_summary(summary_paths["summary_path"],
-                        train_summary(result.metrics, prior_metrics, study))
+                        train_summary(result.metrics, prior_metrics))
 pd.json_normalize(summary, sep=".").T.rename(columns={0: "value"})

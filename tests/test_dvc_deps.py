@@ -81,29 +81,57 @@ def _section_literals(nodes) -> set[str]:
             if isinstance(n, ast.Constant) and n.value in SECTIONS}
 
 
+def referenced_names(paths: set[Path]) -> set[str]:
+    """Every name the files use or import (names, attributes, imported names)."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[-1])
+                names.add(node.name.split(".")[-1])
+    return names
+
+
+def _live_nodes(tree: ast.Module, used: set[str]):
+    """The module's nodes, without the bodies of its top-level functions that no file of the
+    closure names: a function nothing calls reads no section for this stage."""
+    dead = {id(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name not in used}
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(child for child in ast.iter_child_nodes(node) if id(child) not in dead)
+
+
 def read_sections(paths: set[Path]) -> set[str]:
     """Sections of params.yaml that the code reads: `load_section(cls, "x", ...)`,
     `params.get("x")` and `params["x"]` (any name holding "params"); a `params.get(name)` with a
     computed name reads every section named in its function or in the module's constants
-    (ablate's SWITCHABLE, the report's settings loop)."""
-    found = set()
+    (ablate's SWITCHABLE, the report's settings loop). Reads inside a top-level function count
+    only where some file of `paths` names that function (load_configs reads model and train, but
+    the study, which imports its module for TrainConfig, never calls it)."""
+    found, used = set(), referenced_names(paths)
     for path in paths:
         tree = ast.parse(path.read_text())
         constants = [node.value for node in tree.body if isinstance(node, ast.Assign)]
-        scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-        for scope in scopes:
-            for node in ast.walk(scope):
-                if isinstance(node, ast.Call):
-                    func = node.func
-                    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                    if name == "load_section":
-                        found |= _section_literals(node.args[1:2])
-                    elif name == "get" and "params" in ast.unparse(func.value) and node.args:
-                        computed = not isinstance(node.args[0], ast.Constant)
-                        named_here = constants + ([scope] if scope is not tree else [])
-                        found |= _section_literals(named_here if computed else node.args[:1])
-                elif isinstance(node, ast.Subscript) and "params" in ast.unparse(node.value):
-                    found |= _section_literals([node.slice])
+        live = list(_live_nodes(tree, used))
+        scopes = [n for n in live if isinstance(n, ast.FunctionDef)]
+        for node in live:
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "load_section":
+                    found |= _section_literals(node.args[1:2])
+                elif name == "get" and "params" in ast.unparse(func.value) and node.args:
+                    computed = not isinstance(node.args[0], ast.Constant)
+                    scope = [f for f in scopes if any(n is node for n in ast.walk(f))]
+                    found |= _section_literals((constants + scope) if computed else node.args[:1])
+            elif isinstance(node, ast.Subscript) and "params" in ast.unparse(node.value):
+                found |= _section_literals([node.slice])
     return found
 
 
@@ -146,3 +174,14 @@ def test_the_closure_follows_lazy_and_package_imports(tmp_path):
             "ltm/ops/delta_rule/naive.py"} <= closure
     assert not covered(ROOT / "ltm" / "report.py", ["ltm/stages/train.py", "ltm/ops"])
     assert covered(ROOT / "ltm" / "ops" / "rwkv7" / "naive.py", ["ltm/ops"])
+
+
+def test_a_section_read_by_a_function_nothing_calls_does_not_count(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def load_both(params):\n    return params.get('model'), params['train']\n\n"
+                      "def data(params):\n    return load_section(object, 'data', params)\n\n"
+                      "X = data({})\n")
+    assert read_sections({module}) == {"data"}
+    caller = tmp_path / "c.py"
+    caller.write_text("from m import load_both\n")
+    assert read_sections({module, caller}) == {"data", "model", "train"}

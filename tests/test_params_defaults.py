@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from ltm.ablation.switches import AblateConfig
+from ltm.bench.recall import RecallBench
 from ltm.stages.benchmark import BenchmarkConfig
 from ltm.data.cache import DataConfig
 from ltm.model.lm import ModelConfig
@@ -22,7 +23,7 @@ PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").re
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig, "study": StudyConfig,
             "samples": SamplesConfig,
             "ablate": AblateConfig,
-            "report": ReportConfig, "benchmark": BenchmarkConfig}
+            "report": ReportConfig, "benchmark": BenchmarkConfig, "recall": RecallBench}
 
 
 def _same_sequence(a, b) -> bool:

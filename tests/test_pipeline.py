@@ -30,12 +30,13 @@ TINY = {
     "benchmark": {"mixers": {"seq_len": 24, "repeats": 1},
                   "generate": {"prompt_len": 4, "new_tokens": 4, "repeats": 1},
                   "kernels": {"shapes": [[1, 20, 1, 16]], "naive_tokens": 8, "ops": ["delta_rule"],
-                              "warmup_ms": 1, "rep_ms": 1},
-                  # the recall task at its smallest (the default trains four models for minutes)
-                  "recall": {"mixers": ["attention", "attention:window"], "steps": 2, "batch": 2,
-                             "seq_len": 16, "window": 2, "n_pairs": 2, "n_keys": 4, "n_values": 4,
-                             "eval_sequences": 4, "d_model": 8, "n_layers": 1, "n_heads": 2}},
+                              "warmup_ms": 1, "rep_ms": 1}},
+    # the recall task at its smallest (the default trains 15 models for minutes)
+    "recall": {"mixers": ["attention", "attention:window"], "steps": 2, "batch": 2,
+               "seq_len": 16, "window": 2, "n_pairs": 2, "n_keys": 4, "n_values": 4,
+               "eval_sequences": 4, "d_model": 8, "n_layers": 1, "n_heads": 2, "seeds": 2},
 }
+STAGES = ("tokenize", "train", "ablate", "benchmark", "study", "recall", "report")
 
 
 def _merge(base: dict, changes: dict) -> dict:
@@ -80,7 +81,7 @@ def workbook(tmp_path_factory):
 
 def test_every_stage_ran_and_wrote_its_outputs(workbook):
     clone, log = workbook
-    for stage in ("tokenize", "train", "ablate", "benchmark", "report"):
+    for stage in STAGES:
         assert f"Running stage '{stage}'" in log
         assert (clone / "reports" / "notebooks" / f"{stage}.ipynb").is_file()
     train = json.loads((clone / "reports/results/train.json").read_text())
@@ -92,6 +93,9 @@ def test_every_stage_ran_and_wrote_its_outputs(workbook):
     assert (clone / "reports/plots/val_loss.csv").read_text().startswith("step,seconds,loss")
     study = json.loads((clone / "reports/results/study.json").read_text())
     assert set(study["sources"]) == {"testbed", "corpus"} and len(study["verdict"]) == 10
+    assert set(json.loads((clone / "reports/metrics/study.json").read_text())) == {"testbed", "corpus"}
+    recall = json.loads((clone / "reports/metrics/recall.json").read_text())
+    assert set(recall["recall_beyond_window"]) == {"attention", "attention:window"}
     page = (clone / "reports/report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3
     assert study["verdict"][0] in page  # the headline box leads with it
@@ -99,7 +103,7 @@ def test_every_stage_ran_and_wrote_its_outputs(workbook):
 
 def test_stage_notebooks_show_their_figures(workbook):
     clone, _ = workbook
-    for stage in ("train", "ablate", "benchmark", "report"):
+    for stage in ("train", "ablate", "benchmark", "study", "recall", "report"):
         cells = nbformat.read(clone / "reports" / "notebooks" / f"{stage}.ipynb", as_version=4).cells
         outputs = [out for cell in cells for out in cell.get("outputs", [])]
         assert any("image/png" in out.get("data", {}) for out in outputs), stage
@@ -133,7 +137,9 @@ def test_changing_a_train_param_reruns_train_and_what_follows_only(workbook):
     # the benchmark stage measures the trained models' learned prior (issue 20): it follows
     for stage in ("train", "ablate", "benchmark", "report"):
         assert f"Running stage '{stage}'" in log, stage
-    assert "Running stage 'tokenize'" not in log
+    # neither the study nor the recall models read the trained model: not retrained
+    for stage in ("tokenize", "study", "recall"):
+        assert f"Running stage '{stage}'" not in log, stage
     # quiet: summary lines, no progress-bar updates, profiler, kernel-transport or DVC noise
     for noise in ("USDT", "profiler_start", "without encryption", "it/s]", "is empty"):
         assert noise not in log, noise
@@ -152,7 +158,18 @@ def test_changing_a_model_param_reruns_every_stage_that_builds_a_model(workbook)
     log = _run(["dvc", "repro"], clone)
     for stage in ("train", "ablate", "benchmark", "report"):
         assert f"Running stage '{stage}'" in log, stage
-    assert "Running stage 'tokenize'" not in log
+    for stage in ("tokenize", "study", "recall"):
+        assert f"Running stage '{stage}'" not in log, stage
     train = json.loads((clone / "reports/results/train.json").read_text())
     assert train["mixer"] == "titans" and np.isfinite(train["val_loss"])
     assert json.loads((clone / "reports/metrics/train.json").read_text())["lm"]["model"] == "titans"
+
+
+def test_changing_a_study_param_reruns_the_study_and_the_report_only(workbook):
+    clone, _ = workbook
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["study"]["steps"] = params["study"]["steps"] + 1
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = _run(["dvc", "repro"], clone)
+    ran = {stage for stage in STAGES if f"Running stage '{stage}'" in log}
+    assert ran == {"study", "report"}, ran

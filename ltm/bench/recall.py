@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing as mp
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pandas as pd
 import torch
@@ -48,9 +52,10 @@ OPTIONS = ("window", "hierarchical")
 
 @dataclass
 class RecallBench:
-    """`benchmark.recall`: the recall task, the models compared and their training."""
+    """`recall` (the recall stage): the recall task, the models compared and their training."""
 
     enabled: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when there is one
     # the models compared: a model.mixer, with `:window` for sliding-window attention
     mixers: list[str] = field(default_factory=lambda: ["attention", "attention:window", "rwkv7",
                                                        "deltanet", "titans:window"])
@@ -71,12 +76,18 @@ class RecallBench:
     n_heads: int = 4
     seed: int = 0
     seeds: int = 3  # training runs per model, seeds seed, seed + 1, ...: their spread is in the SE
+    # models trained at once on a CPU, each in a process of its own with cores / workers threads
+    # (tiny models use a second core poorly within one process); 0 = one per core; on a GPU, 1
+    workers: int = 0
 
     def __post_init__(self) -> None:
+        check(self.device in ("auto", "cpu", "cuda"), "device",
+              f"expected auto, cpu or cuda, got {self.device!r}")
         check(len(self.mixers) > 0, "mixers", "must name one or more models")
         # each entry names its rows of the table: a repeat would silently be trained once
         check(len(set(self.mixers)) == len(self.mixers), "mixers",
               f"each entry once, got {self.mixers}")
+        check(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         for name in ("steps", "batch", "eval_sequences", "d_model", "n_layers", "n_heads", "seeds"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
@@ -209,29 +220,60 @@ def train_recall(cfg: ModelConfig, bench: RecallBench, batches: RecallBatch, dev
     return model.eval(), losses
 
 
+def _train_and_score(cfg: ModelConfig, bench: RecallBench, entry: str, seed: int,
+                     held_out: RecallBatch, bins: list, device: torch.device,
+                     threads: int | None = None, bar: tqdm | None = None) -> tuple[list, list]:
+    """One (mixer, seed) run: its rows per distance bin and its loss curve. `threads`: the
+    intra-op threads of a worker process (None: leave them)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    train = recall_batch(bench.task(), bench.steps * bench.batch, seed=2 * seed)
+    model, losses = train_recall(cfg, bench, train, device, bar or tqdm(disable=True), seed)
+    params = model.num_params(non_embedding=True)
+    rows = [{"mixer": entry, "seed": seed, "params": params, **r}
+            for r in recall_accuracy(model, held_out, bins)]
+    curve = [{"mixer": entry, "seed": seed, "step": s, "loss": v} for s, v in enumerate(losses)]
+    return rows, curve
+
+
+def _workers(bench: RecallBench, device: torch.device, jobs: int) -> int:
+    if device.type != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(jobs, bench.workers or cores))
+
+
 def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
                  progress: bool = True) -> RecallResult:
     """Train and score every model of bench.mixers (see the module's docstring); progress: one
-    tqdm line over all of them (off in notebooks, which would keep every update)."""
+    tqdm line over all of them (off in notebooks, which would keep every update). On a CPU the
+    runs go to `workers` processes at once; each run seeds itself, so the answer does not depend
+    on how they are spread (up to the rounding of a different thread count)."""
     start = time.perf_counter()
     device = torch.device(device)
-    task, configs = bench.task(), matched_configs(bench)
+    configs = matched_configs(bench)
     # the held-out sequences: odd seeds; each training seed's batches: even ones
-    held_out = recall_batch(task, bench.eval_sequences, seed=2 * bench.seed + 1)
+    held_out = recall_batch(bench.task(), bench.eval_sequences, seed=2 * bench.seed + 1)
     bins = distance_bins(bench.window, bench.seq_len)
-    rows, curves = [], []
-    with tqdm(total=bench.seeds * len(configs) * bench.steps, desc="recall", unit="step",
-              disable=not progress) as bar:
-        for seed in range(bench.seed, bench.seed + bench.seeds):
-            train = recall_batch(task, bench.steps * bench.batch, seed=2 * seed)
-            for entry, cfg in configs.items():
+    jobs = [(entry, seed) for seed in range(bench.seed, bench.seed + bench.seeds) for entry in configs]
+    workers, done = _workers(bench, device, len(jobs)), {}
+    with tqdm(total=len(jobs) * bench.steps, desc="recall", unit="step", disable=not progress) as bar:
+        if workers == 1:
+            for entry, seed in jobs:
                 bar.set_description(f"recall {entry} (seed {seed})")
-                model, losses = train_recall(cfg, bench, train, device, bar, seed)
-                params = model.num_params(non_embedding=True)
-                rows += [{"mixer": entry, "seed": seed, "params": params, **r}
-                         for r in recall_accuracy(model, held_out, bins)]
-                curves += [{"mixer": entry, "seed": seed, "step": s, "loss": v}
-                           for s, v in enumerate(losses)]
+                done[entry, seed] = _train_and_score(configs[entry], bench, entry, seed, held_out,
+                                                     bins, device, bar=bar)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            # spawned, not forked: a forked child of a process whose OpenMP pool ran can hang
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(_train_and_score, configs[e], bench, e, s, held_out, bins,
+                                       device, threads): (e, s) for e, s in jobs}
+                for future in as_completed(futures):
+                    done[futures[future]] = future.result()
+                    bar.update(bench.steps)
+    rows = [row for job in jobs for row in done[job][0]]
+    curves = [point for job in jobs for point in done[job][1]]
     runs = pd.DataFrame(rows)[["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]]
     return RecallResult(over_seeds(runs, "bin"), runs, pd.DataFrame(curves),
                         time.perf_counter() - start)

@@ -62,7 +62,7 @@ def study_section(results_dir: Path, records_dir: Path | None = None) -> Section
         figures = [bound_figure(study)]
         note = STUDY_NOTE  # the verdict lines head the page (ltm.report.headline)
     else:
-        why = "study.enabled is false" if study else "the train stage wrote no study.json"
+        why = "study.enabled is false" if study else "the study stage wrote no study.json"
         note = f"No latent study in this run: {why}."
     for name, record in recorded:
         where = name.stem  # the record's file, named with its device and date

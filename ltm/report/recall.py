@@ -29,7 +29,7 @@ def recall_section(results_dir: Path, plots_dir: Path, commit: str | None = None
     path, plot = Path(results_dir) / "recall.json", Path(plots_dir) / "recall.csv"
     metrics = json.loads(path.read_text()) if path.is_file() else None
     if not metrics or not metrics.get("enabled") or not plot.is_file():
-        why = "benchmark.recall.enabled is false" if metrics else "the benchmark stage wrote no recall.json"
+        why = "recall.enabled is false" if metrics else "the recall stage wrote no recall.json"
         return Section(title, [], [], f"No recall results: {why}.")
     table = pd.read_csv(plot)
     shown = table[["mixer", "params", "bin", "accuracy", "se", "n"]].round({"accuracy": 3, "se": 3})

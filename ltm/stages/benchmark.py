@@ -17,7 +17,6 @@ from ltm.bench.kernels import run as run_kernels
 from ltm.bench.latent import LatentBench, bench_latent
 from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
 from ltm.bench.prior import PRIOR_COLUMNS, PriorBench, bench_prior
-from ltm.bench.recall import RecallBench, bench_recall, recall_metrics
 from ltm.model.lm import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
 
@@ -62,8 +61,6 @@ class BenchmarkConfig:
     latent: LatentBench = field(default_factory=LatentBench)
     # the learned prior over latent thoughts: samplers against N(0, I) (the train stage's models)
     prior: PriorBench = field(default_factory=PriorBench)
-    # recall against distance per token mixer (ltm.bench.recall), small models trained here
-    recall: RecallBench = field(default_factory=RecallBench)
 
     def __post_init__(self) -> None:
         check(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
@@ -167,29 +164,3 @@ def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics
     Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
     table.to_csv(plot_path, index=False)
     return table, metrics
-
-
-# the columns of the recall plot table (written with its header alone when benchmark.recall is off)
-RECALL_COLUMNS = ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n", "correct", "seeds"]
-
-
-def recall_benchmark(params_path: str | Path, metrics_path: str | Path, plot_path: str | Path,
-                     progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """The recall benchmark (benchmark.recall, ltm.bench.recall): its metrics (recall.json) and
-    one row per mixer and distance bin (plot_path). Returns (table, loss curve, metrics); the
-    notebook shows no progress bar (a stored notebook keeps every update). Paths from dvc.yaml."""
-    cfg = load_section(BenchmarkConfig, "benchmark", params_path)
-    device = _device(cfg.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    if cfg.recall.enabled:
-        result = bench_recall(cfg.recall, device, progress)
-        table, curve = result.table, result.curve
-        metrics = {"enabled": True, **recall_metrics(result, cfg.recall, name)}
-    else:
-        table, curve = pd.DataFrame(columns=RECALL_COLUMNS), pd.DataFrame(columns=["mixer", "step", "loss"])
-        metrics = {"enabled": False}
-    for path in (metrics_path, plot_path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
-    table.to_csv(plot_path, index=False)
-    return table, curve, metrics

@@ -56,7 +56,7 @@ def _model_summary(metrics: dict) -> dict:
     return out
 
 
-def _study_summary(study: dict | None) -> dict:
+def study_summary(study: dict | None) -> dict:
     """Per source: the latent model's suffix-NLL gain over the parameter-matched plain model and
     over another sequence's z, each with its standard error (paired over sequences)."""
     out = {}
@@ -71,9 +71,8 @@ def _study_summary(study: dict | None) -> dict:
     return out
 
 
-def train_summary(train: dict, prior: dict | None = None, study: dict | None = None) -> dict:
-    """The train stage's headline: the model (`lm`), its counterparts, the prior's losses and the
-    latent study's two verdict numbers per source."""
+def train_summary(train: dict, prior: dict | None = None) -> dict:
+    """The train stage's headline: the model (`lm`), its counterparts and the prior's losses."""
     out = {"lm": _model_summary(train)}
     counterparts = {name: _model_summary(metrics) for name, metrics in
                     (train.get("counterparts") or {}).items()}
@@ -86,8 +85,6 @@ def train_summary(train: dict, prior: dict | None = None, study: dict | None = N
     if prior and prior.get("enabled", True) and "eval_loss_heldout" in prior:
         out["prior"] = _pick(prior, {"loss_heldout": "eval_loss_heldout",
                                      "loss_train": "eval_loss_train"}, LOSS_DECIMALS)
-    if study and study.get("enabled"):
-        out["study"] = _study_summary(study)
     return out
 
 
@@ -102,14 +99,20 @@ def ablate_summary(ablate: dict) -> dict:
     return out
 
 
-def benchmark_summary(benchmark: dict, prior: dict | None = None, recall: dict | None = None) -> dict:
+def benchmark_summary(benchmark: dict, prior: dict | None = None) -> dict:
     """The benchmark stage's ratios (already its headline) and the prior's two answers: how few
-    solver evaluations match DDPM, and whether the prior beats the best Gaussian; and recall
-    beyond the window per mixer (accuracy and its SE: the one number the recall task asks)."""
+    solver evaluations match DDPM, and whether the prior beats the best Gaussian."""
     out = {k: v for k, v in benchmark.items() if k not in ("torch",)}
     if prior and "fewest_dpm_evaluations_matching_ddpm" in prior:
         out["prior"] = {"fewest_solver_evaluations_matching_ddpm": prior["fewest_dpm_evaluations_matching_ddpm"],
                         "mmd2_over_best_gaussian": _round(prior.get("prior_mmd2_over_best_gaussian"), RATIO_DECIMALS)}
+    return out
+
+
+def recall_summary(recall: dict) -> dict:
+    """The recall stage's headline: recall beyond the window per mixer (accuracy and its SE: the
+    one number the recall task asks), and a memory's margin over the sliding window alone."""
+    out: dict = {}
     if recall and recall.get("enabled"):
         out["recall_beyond_window"] = {mixer: {"accuracy": m["beyond_window"]["accuracy"],
                                                "accuracy_noise": m["beyond_window"]["se"]}

@@ -1,9 +1,9 @@
 """The train stage: the model of params.yaml's `model` and `train` sections trained (one run is
 `ltm.train.trainer.Trainer`; its settings are `ltm.train.settings`), then its counterparts
 (`ltm.train.counterpart`), and the metrics and loss curves written for DVC (`train_stage`); then
-the prior over latent thoughts of the `prior` section (`prior_stage`), text sampled from the
-trained checkpoint with the `samples` section (`samples_stage`) and the latent study of the `study`
-section (`study_stage`, ltm.study). The train notebook calls all four.
+the prior over latent thoughts of the `prior` section (`prior_stage`) and text sampled from the
+trained checkpoint with the `samples` section (`samples_stage`). The train notebook calls all
+three; the latent study is a stage of its own (ltm.stages.study).
 
 Every speed optimisation is a switch under `train.opt` (see `ltm.train.settings.OptConfig`); `auto`
 picks per device. The data position is a micro-batch index (see ltm.data.batches), checkpoints are in
@@ -32,7 +32,6 @@ from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
 from ltm.latent.prior import PriorConfig
 from ltm.params import ParamsError, load_section, read_params
-from ltm.study.run import study_from_params
 from ltm.train.counterpart import train_with_counterparts
 from ltm.train.prior_trainer import train_stage_prior
 from ltm.train.settings import TrainingDiverged, TrainResult, load_configs
@@ -103,13 +102,6 @@ def samples_stage(params_path: str | Path, checkpoint_dir: str | Path,
     cfg = load_section(SamplesConfig, "samples", params_path)
     cache_dir = cache_dir_of(read_params(params_path))
     return pd.DataFrame(write_samples(cfg, checkpoint_dir, cache_dir, samples_path))
-
-
-def study_stage(params_path: str | Path, metrics_path: str | Path, progress: bool = True,
-                say=print) -> dict:
-    """The latent study of params.yaml's `study` section (ltm.study.run) on the testbed of
-    data.synthetic and on the token cache; its metrics to metrics_path."""
-    return study_from_params(params_path, metrics_path, progress, say)
 
 
 # where `python -m ltm.stages.train` writes unless told: outside every DVC output (git-ignored)

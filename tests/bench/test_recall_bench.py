@@ -3,6 +3,7 @@ is the share a model gets right, checked on an oracle whose answers are known; t
 matched in size; a bad mixer entry is a one-line error."""
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from ltm.params import ParamsError
 
 TINY = RecallBench(mixers=["attention", "attention:window", "deltanet"], steps=3, batch=4,
                    seq_len=32, window=4, n_pairs=3, n_keys=8, n_values=8, eval_sequences=8,
-                   d_model=16, n_layers=1, n_heads=2, seeds=2)
+                   d_model=16, n_layers=1, n_heads=2, seeds=2, workers=1)
 
 
 def test_a_tiny_run_gives_every_mixer_and_bin():
@@ -50,6 +51,28 @@ def test_the_seeds_train_different_models_on_different_batches():
     assert both.curve[both.curve.seed == 1]["loss"].tolist() == second.curve["loss"].tolist()
     assert both.curve[both.curve.seed == 0]["loss"].tolist() == first.curve["loss"].tolist()
     assert first.curve["loss"].tolist() != second.curve["loss"].tolist()
+
+
+def test_runs_spread_over_worker_processes_give_the_same_answer():
+    # one intra-op thread each way: the workers take cores // workers (1 on CI's two cores)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = bench_recall(TINY, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    spread = bench_recall(dataclasses.replace(TINY, workers=2), progress=False)
+    if (os.cpu_count() or 1) // 2 == 1:
+        pd.testing.assert_frame_equal(spread.table, alone.table)
+        pd.testing.assert_frame_equal(spread.curve, alone.curve)
+    else:  # more threads per worker: the same runs up to rounding
+        assert spread.table[["mixer", "bin", "n"]].equals(alone.table[["mixer", "bin", "n"]])
+        assert np.allclose(spread.curve["loss"], alone.curve["loss"], rtol=1e-4)
+
+
+def test_workers_must_not_be_negative():
+    with pytest.raises(ParamsError, match="workers"):
+        RecallBench(workers=-1)
 
 
 def runs_of(accuracy: dict[str, list[float]], n: int = 100, window: int = 4) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from test_recall_figure import metrics, table
 def test_the_section_shows_the_figure_and_table_or_says_why_not(tmp_path):
     assert "wrote no recall.json" in recall_section(tmp_path, tmp_path).note
     (tmp_path / "recall.json").write_text(json.dumps({"enabled": False}))
-    assert "benchmark.recall.enabled is false" in recall_section(tmp_path, tmp_path).note
+    assert "recall.enabled is false" in recall_section(tmp_path, tmp_path).note
     (tmp_path / "recall.json").write_text(json.dumps(metrics()))
     table().to_csv(tmp_path / "recall.csv", index=False)
     section = recall_section(tmp_path, tmp_path, "abc")

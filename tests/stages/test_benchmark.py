@@ -1,7 +1,7 @@
 import pandas as pd
 import torch
 
-from ltm.stages.benchmark import RECALL_COLUMNS, recall_benchmark, summarise, write_plot_tables
+from ltm.stages.benchmark import summarise, write_plot_tables
 
 RECORD = {"device": "Some GPU", "commit": "abc1234", "rows": [
     {"op": "delta_rule", "impl": "triton", "B": 2, "T": 63, "H": 3, "D": 32, "pass": "fwd+bwd",
@@ -33,30 +33,3 @@ def test_one_plot_table_per_group_with_labelled_rows(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["delta-rule-fwd.csv", "mixer-forward-b-1-t-64.csv"]
     mixer = pd.read_csv(tmp_path / "mixer-forward-b-1-t-64.csv")
     assert mixer.label.tolist() == ["deltanet naive", "deltanet torch"] and mixer.speedup.tolist() == [1.0, 4.0]
-
-
-def _recall_params(tmp_path, **recall):
-    import yaml
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"benchmark": {"device": "cpu", "recall": recall}}))
-    return path
-
-
-def test_the_recall_benchmark_writes_its_metrics_and_table(tmp_path):
-    import json
-    params = _recall_params(tmp_path, mixers=["attention:window"], steps=2, batch=2, seq_len=16,
-                            window=2, n_pairs=2, n_keys=4, n_values=4, eval_sequences=4,
-                            d_model=8, n_layers=1, n_heads=2, seeds=2)
-    table, curve, metrics = recall_benchmark(params, tmp_path / "m" / "recall.json",
-                                             tmp_path / "p" / "recall.csv")
-    assert list(table.columns) == RECALL_COLUMNS and len(curve) == 2 * 2
-    assert json.loads((tmp_path / "m" / "recall.json").read_text()) == metrics
-    assert metrics["enabled"] and metrics["best_beyond_window"]["mixer"] == "attention:window"
-    assert pd.read_csv(tmp_path / "p" / "recall.csv")["n"].sum() == 2 * 4 * 2  # seeds x answers
-
-
-def test_the_recall_benchmark_switched_off_writes_an_empty_table(tmp_path):
-    params = _recall_params(tmp_path, enabled=False)
-    table, _, metrics = recall_benchmark(params, tmp_path / "recall.json", tmp_path / "recall.csv")
-    assert metrics == {"enabled": False} and table.empty
-    assert list(pd.read_csv(tmp_path / "recall.csv").columns) == RECALL_COLUMNS

@@ -1,8 +1,8 @@
 """ltm.stages.summary: each stage's headline metrics, few and named for whose they are."""
 import json
 
-from ltm.stages.summary import (ablate_summary, benchmark_summary, read_results, tokenize_summary,
-                                train_summary, write_summary)
+from ltm.stages.summary import (ablate_summary, benchmark_summary, read_results, recall_summary,
+                                study_summary, tokenize_summary, train_summary, write_summary)
 
 
 def _leaves(tree) -> int:
@@ -26,15 +26,16 @@ def test_a_plain_models_nll_and_a_latent_models_bound_never_share_a_name():
     assert latent["lm"]["model"] == "attention + 4 latents"
 
 
-def test_the_train_headline_is_tens_of_numbers_with_the_prior_and_the_study():
+def test_the_train_headline_is_tens_of_numbers_with_the_prior_and_the_study_s_apart():
     study = {"enabled": True, "sources": {"testbed": {"gain_over": {
         "plain": {"mean": 0.2957, "se": 0.0079, "z": 37.2}, "shuffled": {"mean": 0.677, "se": 0.025}}}}}
     prior = {"enabled": True, "eval_loss_heldout": 0.2474, "eval_loss_train": 0.2374,
              "train_loss_first": 0.25}
     summary = train_summary(dict(PLAIN, counterparts={"latent": LATENT, "plain-equal-flops": PLAIN}),
-                            prior, study)
+                            prior)
     assert summary["prior"] == {"loss_heldout": 0.2474, "loss_train": 0.2374}
-    assert summary["study"]["testbed"] == {"latent_gain_over_plain": 0.2957,
+    assert "study" not in summary
+    assert study_summary(study)["testbed"] == {"latent_gain_over_plain": 0.2957,
                                            "latent_gain_over_plain_noise": 0.0079,
                                            "own_z_gain_over_shuffled": 0.677,
                                            "own_z_gain_over_shuffled_noise": 0.025}
@@ -57,14 +58,14 @@ def test_ablate_and_benchmark_headlines():
         "prior": {"fewest_solver_evaluations_matching_ddpm": 5, "mmd2_over_best_gaussian": 0.124}}
     recall = {"enabled": True, "by_mixer": {"rwkv7": {"params": 9, "beyond_window": {
         "accuracy": 0.5, "se": 0.01, "n": 100}}}}
-    assert benchmark_summary(bench, None, recall)["recall_beyond_window"] == {
+    assert recall_summary(recall)["recall_beyond_window"] == {
         "rwkv7": {"accuracy": 0.5, "accuracy_noise": 0.01}}
-    assert "recall_margin_over_sliding_window" not in benchmark_summary(bench, None, recall)
+    assert "recall_margin_over_sliding_window" not in recall_summary(recall)
     recall["margins_over_sliding_window"] = {"titans:window": {"difference": 0.07, "se": 0.01,
                                                                "per_seed": [0.06, 0.08]}}
-    assert benchmark_summary(bench, None, recall)["recall_margin_over_sliding_window"] == {
+    assert recall_summary(recall)["recall_margin_over_sliding_window"] == {
         "titans:window": {"difference": 0.07, "difference_noise": 0.01}}
-    assert "recall_beyond_window" not in benchmark_summary(bench, None, {"enabled": False})
+    assert recall_summary({"enabled": False}) == {}
     assert tokenize_summary({"tokens": 10, "seconds": 3.0}) == {"tokens": 10}
 
 
