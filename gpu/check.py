@@ -3,7 +3,9 @@
     python3 gpu/check.py [--out DIR] [--only attention,deltanet] [--steps 10] [--no-tests]
 
 1. the GPU kernel tests (tests/kernels, tests/ops: every op, forward and backward, odd sizes,
-   float32 and bf16 against float64 references), one pytest run spread over the GPU;
+   float32 and bf16 against float64 references), one pytest run spread over the GPU, started
+   first and run beside the training cases (on a fresh machine both are mostly compilation:
+   one after the other they took ~12 minutes on an H200);
 2. a short training run (random tokens) of every mixer, eager and compiled, plain and with latent
    thoughts: the GPU profile (configs/gpu.yaml) with fewer layers;
 3. cached generation of each mixer's trained model, checked token by token against a full
@@ -12,7 +14,9 @@
 
 A failure is a row, not a stop: the table shows every broken case at once. The record (device,
 versions, commit, rows) goes to DIR/check.json, rewritten after each row so that a run cut short
-keeps what it measured; copy it into records/gpu/check/ to cite it. `--tiny` runs a CPU-sized
+keeps what it measured; copy it into records/gpu/check/ to cite it. Tokens/s are smoke figures:
+the cases share the GPU with the tests and each other's compilation (`--workers 1 --no-tests`
+for clean ones). `--tiny` runs a CPU-sized
 model (the CI test of this script, Triton through its interpreter).
 """
 from __future__ import annotations
@@ -120,33 +124,48 @@ def test_outcomes(log: str) -> dict[str, dict]:
     return files
 
 
-def kernel_test_rows(timeout_s: int, workers: int) -> list[dict]:
-    """One row per test file (passed / failed counts), and a row saying so if the run was cut."""
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:warnings", "-p", "no:cacheprovider",
-               *KERNEL_TESTS, *(["-n", str(workers)] if workers > 1 else [])]
-    start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+class KernelTests:
+    """The kernel tests in a pytest process of their own, started at once so that they run beside
+    the training cases (their compilation is most of both), then read back as rows."""
+
+    def __init__(self, timeout_s: int, workers: int):
+        self.timeout_s, self.start = timeout_s, time.perf_counter()
+        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:warnings", "-p",
+                   "no:cacheprovider", *KERNEL_TESTS, *(["-n", str(workers)] if workers > 1 else [])]
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log,
+                                        stderr=subprocess.STDOUT, text=True)
+
+    def rows(self) -> list[dict]:
+        """One row per test file (passed / failed counts), and a row saying so if the run was
+        cut at timeout_s from its start."""
+        left = self.timeout_s - (time.perf_counter() - self.start)
         try:
-            process.wait(timeout=timeout_s)
+            self.process.wait(timeout=max(left, 0.1))
             cut = False
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            self.process.kill()
+            self.process.wait()
             cut = True
-        log.seek(0)
-        files = test_outcomes(log.read())
-    seconds = round(time.perf_counter() - start, 1)
-    done = sum(row["passed"] for row in files.values())
-    rows = [{"case": f"tests {name}", "ok": row["failed"] == 0 and row["passed"] > 0,
-             "detail": f"{row['passed']} passed, {row['failed']} failed, {row['skipped']} skipped",
-             "error": row["first_failure"] and f"first failure: {row['first_failure']}"}
-            for name, row in sorted(files.items())]
-    if cut or not rows:
-        rows.append({"case": "kernel tests", "ok": False, "seconds": seconds,
-                     "error": f"cut at {timeout_s} s after {done} tests passed" if cut
-                     else f"no test ran (pytest exit {process.returncode})"})
-    return rows
+        self.log.seek(0)
+        files = test_outcomes(self.log.read())
+        self.log.close()
+        seconds = round(time.perf_counter() - self.start, 1)
+        done = sum(row["passed"] for row in files.values())
+        rows = [{"case": f"tests {name}", "ok": row["failed"] == 0 and row["passed"] > 0,
+                 "detail": f"{row['passed']} passed, {row['failed']} failed, {row['skipped']} skipped",
+                 "error": row["first_failure"] and f"first failure: {row['first_failure']}"}
+                for name, row in sorted(files.items())]
+        if cut or not rows:
+            rows.append({"case": "kernel tests", "ok": False, "seconds": seconds,
+                         "error": f"cut at {self.timeout_s} s after {done} tests passed" if cut
+                         else f"no test ran (pytest exit {self.process.returncode})"})
+        return rows
+
+
+def kernel_test_rows(timeout_s: int, workers: int) -> list[dict]:
+    """The kernel tests alone, waited for: their rows."""
+    return KernelTests(timeout_s, workers).rows()
 
 
 def greedy_matches_full_forward(model, prompt_len: int, new_tokens: int, device) -> str | None:
@@ -272,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="eager,compiled")
     parser.add_argument("--no-tests", action="store_true", help="skip the kernel tests")
     parser.add_argument("--no-latent", action="store_true")
-    parser.add_argument("--tests-timeout", type=int, default=300)
+    parser.add_argument("--tests-timeout", type=int, default=420,
+                        help="seconds the kernel tests may take, from the check's start")
     parser.add_argument("--tiny", action="store_true", help="a CPU-sized model (CI)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--workers", type=int, default=None,
@@ -311,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['case']}: {status}", flush=True)
         (out / "check.json").write_text(json.dumps(record, indent=1))
 
-    if not args.no_tests:
-        add(kernel_test_rows(args.tests_timeout, 1 if args.tiny else 12))
+    # the kernel tests run beside the training cases (both mostly compile): their rows come first
+    tests = None if args.no_tests else KernelTests(args.tests_timeout, 1 if args.tiny else 8)
     cases = [(name, mode, latent) for name in mixers
              for latent in ((False,) if args.no_latent else (False, True))
              for mode in args.modes.split(",")]
@@ -333,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         record["rows"].sort(key=lambda r: rank.get(r["case"], -1))
     if torch.cuda.device_count() >= 2:
         add([ddp_row(args.params, [*MIXERS["attention"], *base])])
+    if tests is not None:
+        test_rows = tests.rows()
+        record["rows"] = test_rows + record["rows"]
+        add([])
+        for row in test_rows:
+            print(f"{row['case']}: {'ok' if row['ok'] else 'FAIL ' + str(row.get('error', ''))}")
     print(table(record["rows"]))
     return 0 if all(r["ok"] for r in record["rows"]) else 1
 

@@ -47,3 +47,13 @@ def test_test_outcomes_count_each_file_and_name_the_first_failure():
                                             "first_failure": None}
     assert files["test_rwkv7"] == {"passed": 0, "failed": 2, "skipped": 1,
                                    "first_failure": "test_b"}
+
+
+def test_kernel_tests_become_rows_and_a_cut_run_says_so():
+    check = load_check()
+    check.KERNEL_TESTS = ["tests/test_docs.py"]  # a quick file stands in for the GPU's tests
+    rows = check.kernel_test_rows(300, 1)
+    assert [r["case"] for r in rows] == ["tests test_docs"] and rows[0]["ok"]
+    assert rows[0]["detail"].endswith("0 failed, 0 skipped")
+    cut = check.kernel_test_rows(0, 1)
+    assert cut[-1]["case"] == "kernel tests" and not cut[-1]["ok"] and "cut at 0 s" in cut[-1]["error"]
