@@ -140,3 +140,11 @@ def test_the_checker_finds_cycles_and_tucked_imports(tmp_path):
     assert imports_of("ltm.stages.m", module) == [("ltm.params", False), ("ltm.model.lm", True)]
     with pytest.raises(AssertionError):
         layer_of("json")
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test modules by basename (no packages under tests/): two files of one name
+    stop the whole collection, as tests/stages/test_recall.py beside tests/data/test_recall.py did."""
+    import collections
+    names = collections.Counter(p.name for p in Path(__file__).resolve().parent.rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1]
