@@ -29,6 +29,8 @@ SAMPLE_EVERY = 8
 # the tests) share most shingles by chance, and then no share is evidence of one work
 SAME_WORK = 0.1
 ABOVE_CHANCE = 5.0
+# the median tells chance only over enough pairs (with two documents it is their own share)
+CHANCE_PAIRS = 6
 # a sampled shingle found in more documents than this is a stock phrase, not evidence of a work
 STOCK_PHRASE_DOCS = 32
 
@@ -48,9 +50,9 @@ def shared_share(a: set[int], b: set[int]) -> float:
 
 def median_pair_share(shares: list[float], n_docs: int) -> float:
     """The median share over all pairs of n_docs documents, `shares` those of the pairs with a
-    common shingle (every other pair shares nothing)."""
+    common shingle (every other pair shares nothing); 0 below CHANCE_PAIRS pairs."""
     n_pairs = n_docs * (n_docs - 1) // 2
-    if not n_pairs:
+    if n_pairs < CHANCE_PAIRS:
         return 0.0
     ranked = [0.0] * (n_pairs - len(shares)) + sorted(shares)
     return ranked[n_pairs // 2]
