@@ -2,7 +2,7 @@
 
     python -m ltm.study [--params params.yaml] [--out reports/results/study.json] [--no-progress]
 
-The train stage runs the same (ltm.stages.train.study_stage); this is for another profile, e.g.
+The study stage runs the same (ltm.stages.study.study_stage); this is for another profile, e.g.
 configs/gpu-study.yaml on a GPU. Prints the verdict; the metrics go to --out.
 """
 from __future__ import annotations
