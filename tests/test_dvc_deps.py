@@ -185,3 +185,16 @@ def test_a_section_read_by_a_function_nothing_calls_does_not_count(tmp_path):
     caller = tmp_path / "c.py"
     caller.write_text("from m import load_both\n")
     assert read_sections({module, caller}) == {"data", "model", "train"}
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_no_code_dependency_is_more_than_the_stage_runs(name):
+    """The other way round: a code dep (a file or folder of ltm/, kernels/, notebooks/) holds a
+    file the stage imports; otherwise an edit to it would rerun the stage for nothing (the train
+    stage once listed the study's folder, so a study change retrained the model)."""
+    stage = STAGES[name]
+    closure = import_closure(stage_notebook(stage)) | import_closure(ROOT / "ltm" / "notebook.py")
+    used = {p.relative_to(ROOT) for p in closure}
+    code = [Path(d) for d in stage["deps"] if d.split("/")[0] in ("ltm", "kernels", "notebooks")]
+    extra = sorted(str(d) for d in code if not any(u == d or d in u.parents for u in used))
+    assert not extra, f"stage {name}: deps it never imports: {extra}"
