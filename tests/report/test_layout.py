@@ -1,4 +1,4 @@
-"""ltm.report.layout: the report page's structure at a 1440-px window, on a small page built here
+"""tests.report.layout: the report page's structure at a 1440-px window, on a small page built here
 through ltm.report.render and on reports/report.html where the pipeline has built it. The
 targets are the page's: at most 12,000 px tall, no sideways scroll, the headline box first and
 within the first screen, no figure shrunk until its text cannot be read."""
@@ -13,9 +13,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from ltm.report.gpu import Section
-from ltm.report.layout import (MAX_HEIGHT, MIN_TEXT_PX, SCREEN, FigureSize, browser,
-                               content_width, estimate, main, measure_in_chromium, png_size)
 from ltm.report.render import render_html
+from tests.report.layout import (MAX_HEIGHT, MIN_TEXT_PX, SCREEN, FigureSize, browser,
+                                 content_width, estimate, main, measure_in_chromium, png_size)
 
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "report.html"
 DPI = 110

@@ -1,5 +1,5 @@
-"""ltm.report.layout_html: the page as a tree, its CSS and which rule applies where."""
-from ltm.report.layout_html import classes, css_rules, lengths, matches, parse
+"""tests.report.layout_html: the page as a tree, its CSS and which rule applies where."""
+from tests.report.layout_html import classes, css_rules, lengths, matches, parse
 
 PAGE = ("<html><head><style>body{max-width:900px}.box li{margin:0.3em 0}</style></head><body>"
         "<h1>T</h1><div class=box><ul><li>one <b>bold</b></li><li>two</li></ul></div>"

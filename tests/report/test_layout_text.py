@@ -1,7 +1,7 @@
-"""ltm.report.layout_text: widths of the default sans-serif, line heights, line wrapping."""
+"""tests.report.layout_text: widths of the default sans-serif, line heights, line wrapping."""
 from pytest import approx
 
-from ltm.report.layout_text import line_height, text_lines, text_width
+from tests.report.layout_text import line_height, text_lines, text_width
 
 
 def test_widths_are_arials():

@@ -3,12 +3,16 @@ height (from each figure's intrinsic size and each table's rows), its widest ele
 headline box sits, and which figures are shrunk so much that their text cannot be read. Where
 Chromium is installed, `measure_in_chromium` gives the browser's own numbers.
 
-    python -m ltm.report.layout reports/report.html [--window 1440] [--no-browser]
+    python -m tests.report.layout reports/report.html [--window 1440] [--no-browser]
 
 The estimate follows the browser's rules for this page's simple structure (blocks one under the
 other, images inline, tables in auto layout, a closed <details> shows its summary only) with the
 metrics of the default sans-serif (Arial's, which Liberation Sans and Helvetica share); it is
 meant to land within a few percent of the browser, not to replace it.
+
+A test instrument, not part of the product: no pipeline stage runs it, so it lives beside its
+tests (tests/report/test_layout*.py) rather than in the `ltm` package, and runs from the
+repository root.
 """
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ltm.report.layout_html import (Node, classes, css_rules, lengths, matches, parse,
-                                    selector_part_matches)
-from ltm.report.layout_text import line_height, text_lines, text_width
+from tests.report.layout_html import (Node, classes, css_rules, lengths, matches, parse,
+                                      selector_part_matches)
+from tests.report.layout_text import line_height, text_lines, text_width
 
 WINDOW = 1440  # the window the page's targets are set for
 SCREEN = 900  # the first screen: the headline box must end within it

@@ -1,6 +1,7 @@
-"""The report page's HTML as ltm.report.layout needs it: a tree of elements, its CSS rules and
+"""The report page's HTML as tests.report.layout needs it: a tree of elements, its CSS rules and
 which rule applies to which element. Only what the report uses: tags, classes, one-level
-selectors joined by spaces, lengths in em or px."""
+selectors joined by spaces, lengths in em or px. Part of that test instrument, not of the `ltm`
+package."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,7 @@
-"""Text metrics for ltm.report.layout: how wide a string is and how many lines it wraps into in
+"""Text metrics for tests.report.layout: how wide a string is and how many lines it wraps into in
 the browser's default sans-serif. Browsers map sans-serif to Arial or a font with its metrics
-(Liberation Sans, Helvetica), so the Helvetica widths of the standard AFM files stand for all."""
+(Liberation Sans, Helvetica), so the Helvetica widths of the standard AFM files stand for all.
+Part of that test instrument, not of the `ltm` package."""
 from __future__ import annotations
 
 import math
