@@ -23,6 +23,7 @@ from ltm.train.counterpart import flops_of, inner_passes
 from ltm.train.objective import LossModel
 from ltm.train.optimizers import make_optimizer
 from ltm.train.settings import TrainConfig
+from ltm.workers import cpu_workers, run_jobs
 
 
 def decoder_config(cfg: StudyConfig, vocab_size: int, seq_len: int, n_latent: int,
@@ -120,40 +121,94 @@ def _built(model_cfg: ModelConfig, seed: int, device: torch.device) -> LTM:
     return LTM(model_cfg).to(device)
 
 
+# the contenders, longest to train first (the worker pool starts them first)
+CONTENDERS = ("latent", "plain_equal_flops", "plain", "shared")
+LABELS = {"latent": "latent", "plain": "plain", "shared": "shared z",
+          "plain_equal_flops": "plain, equal FLOPs"}
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one source's contenders are: the decoders' configurations, each one's steps, and
+    which of them train (the plain model at equal FLOPs not when over
+    study.max_equal_flops_steps)."""
+
+    latent: ModelConfig
+    plain: ModelConfig
+    steps: dict[str, int]
+    names: list[str]
+
+
+def plan_contenders(source: StudySource, cfg: StudyConfig) -> Plan:
+    """The latent decoder, the plain one with as many non-embedding parameters (through d_ff),
+    and the plain model's steps at the latent model's training FLOPs."""
+    T, V = source.val_x.shape[1], source.vocab_size
+    latent_cfg = decoder_config(cfg, V, T, cfg.n_latent)
+    with torch.device("meta"):
+        target = non_embedding_params(attach_encoder(LTM(latent_cfg), latent_config(cfg)))
+    plain_cfg = decoder_config(cfg, V, T, 0, d_ff=matched_d_ff(cfg, V, T, target))
+    equal = math.ceil(cfg.steps * flops_of(latent_cfg, T, inner_passes(latent_config(cfg)))
+                      / flops_of(plain_cfg, T, 0))
+    steps = {"latent": cfg.steps, "plain": cfg.steps, "shared": cfg.steps, "plain_equal_flops": equal}
+    names = [n for n in CONTENDERS if n != "plain_equal_flops" or equal <= cfg.max_equal_flops_steps]
+    return Plan(latent_cfg, plain_cfg, steps, names)
+
+
+def build_contender(name: str, plan: Plan, cfg: StudyConfig, device: torch.device) -> nn.Module:
+    """One contender as it trains (forward(x, y) -> mean loss), its weights drawn from cfg.seed:
+    built the same in every process."""
+    if name == "latent":
+        model = attach_encoder(_built(plan.latent, cfg.seed, device), latent_config(cfg))
+        return LossModel(model, False, False, latent_config(cfg))
+    if name == "shared":
+        return SharedLatents(_built(plan.latent, cfg.seed, device)).to(device)
+    return LossModel(_built(plan.plain, cfg.seed, device), False, False)
+
+
+def train_contender(name: str, plan: Plan, source: StudySource, cfg: StudyConfig,
+                    progress: bool = False) -> tuple[dict, float, float]:
+    """Build and train one contender: (its weights on the CPU, training loss, seconds). The
+    global generator (the inner loop's noise) is seeded here: the result does not depend on
+    what ran before in the process."""
+    start = time.perf_counter()
+    module = build_contender(name, plan, cfg, source.val_x.device)
+    torch.manual_seed(cfg.seed)
+    loss = train_model(module, source, cfg, plan.steps[name], f"study {source.name}: {LABELS[name]}",
+                       progress)
+    weights = {k: v.cpu() for k, v in module.state_dict().items()}
+    return weights, loss, time.perf_counter() - start
+
+
 def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
                      say=print) -> Contenders:
     """Train the latent model, the parameter-matched plain model, the shared-latents model (all
-    for cfg.steps batches) and the plain model at the latent model's training FLOPs."""
-    T, V, device = source.val_x.shape[1], source.vocab_size, source.val_x.device
-    latent_cfg = latent_config(cfg)
-    latent = attach_encoder(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed, device),
-                            latent_cfg)
-    target = non_embedding_params(latent)
-    plain_cfg = decoder_config(cfg, V, T, 0, d_ff=matched_d_ff(cfg, V, T, target))
-    shared = SharedLatents(_built(decoder_config(cfg, V, T, cfg.n_latent), cfg.seed, device)).to(device)
-    plain = _built(plain_cfg, cfg.seed, device)
+    for cfg.steps batches) and the plain model at the latent model's training FLOPs, side by
+    side on a CPU (study.workers processes)."""
+    plan, device = plan_contenders(source, cfg), source.val_x.device
+    names = plan.names
+    workers = cpu_workers(cfg.workers, len(names), device)
 
-    def fit(label: str, module: nn.Module, steps: int) -> float:
-        start = time.perf_counter()
-        loss = train_model(module, source, cfg, steps, f"study {source.name}: {label}", progress)
-        say(f"study {source.name}: {label}: {steps} steps in {time.perf_counter() - start:.0f} s, "
-            f"training loss {loss:.3f}")
-        return loss
+    def report(index: int, result: tuple) -> None:
+        name = names[index]
+        say(f"study {source.name}: {LABELS[name]}: {plan.steps[name]} steps in {result[2]:.0f} s, "
+            f"training loss {result[1]:.3f}")
 
-    loss = {"latent": fit("latent", LossModel(latent, False, False, latent_cfg), cfg.steps),
-            "plain": fit("plain", LossModel(plain, False, False), cfg.steps),
-            "shared": fit("shared z", shared, cfg.steps)}
-    latent_flops = flops_of(latent.cfg, T, inner_passes(latent_cfg))
-    plain_flops = flops_of(plain_cfg, T, 0)
-    steps = math.ceil(cfg.steps * latent_flops / plain_flops)
-    notes, equal = [], None
-    if steps <= cfg.max_equal_flops_steps:
-        equal = _built(plain_cfg, cfg.seed, device)
-        loss["plain_equal_flops"] = fit("plain, equal FLOPs", LossModel(equal, False, False), steps)
-    else:
-        notes.append(f"plain at equal training FLOPs skipped: needs {steps} steps, over "
-                     f"study.max_equal_flops_steps {cfg.max_equal_flops_steps}")
-        say(notes[-1])
-    params = {"latent": target, "plain": plain.num_params(),
-              "shared": non_embedding_params(shared)}
-    return Contenders(latent, plain, shared, equal, steps, params, loss, notes)
+    # the source travels to the workers on the CPU; a GPU run stays in this process
+    results = run_jobs(train_contender, [(n, plan, source, cfg, progress and workers == 1)
+                                         for n in names], workers, report)
+    trained = {}
+    for name, (weights, _, _) in zip(names, results):
+        trained[name] = build_contender(name, plan, cfg, device)
+        trained[name].load_state_dict(weights)
+        trained[name].eval()
+    equal = plan.steps["plain_equal_flops"]
+    notes = [] if "plain_equal_flops" in names else [
+        f"plain at equal training FLOPs skipped: needs {equal} steps, over "
+        f"study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
+    for note in notes:
+        say(note)
+    unwrap = lambda name: trained[name].model if name in trained else None  # noqa: E731
+    params = {"latent": non_embedding_params(trained["latent"]), "plain": unwrap("plain").num_params(),
+              "shared": non_embedding_params(trained["shared"])}
+    return Contenders(unwrap("latent"), unwrap("plain"), trained["shared"], unwrap("plain_equal_flops"),
+                      equal, params, {n: r[1] for n, r in zip(names, results)}, notes)

@@ -15,6 +15,8 @@ class StudyConfig:
 
     enabled: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when there is one (float32, TF32)
+    # contenders trained at once on a CPU, a process each (0: one per core; ltm.workers); GPU: 1
+    workers: int = 0
     # testbed: the Markov-chain topics of data.synthetic (exact likelihood); corpus: the token cache
     sources: list[Literal["testbed", "corpus"]] = field(default_factory=lambda: list(SOURCES))
     # every decoder of the study: softmax attention through a window of `window` tokens, so that
@@ -56,6 +58,7 @@ class StudyConfig:
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.d_model % self.n_heads == 0, "n_heads",
               f"must divide d_model {self.d_model}, got {self.n_heads}")
+        check(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         check(self.inner_steps >= 0, "inner_steps", f"must be >= 0, got {self.inner_steps}")
         check(self.seq_len >= 4, "seq_len", f"must be >= 4, got {self.seq_len}")
         check(bool(self.dynamic_lrs) and all(lr > 0 for lr in self.dynamic_lrs), "dynamic_lrs",

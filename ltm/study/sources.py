@@ -17,6 +17,35 @@ from ltm.study.settings import StudyConfig
 Sampler = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
+class RowSampler:
+    """Training batches of whole rows (N, L + 1) drawn with replacement: x = row[:-1], y =
+    row[1:]. A class, not a closure, so that a source travels to a worker process."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+
+    def __call__(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = self.rows[torch.randint(len(self.rows), (batch_size,), generator=generator)]
+        return picked[:, :-1], picked[:, 1:]
+
+
+class CacheSampler:
+    """Random training windows of seq_len tokens from a token cache's train split; the cache is
+    opened on first use (in the process that samples: a memory map does not travel)."""
+
+    def __init__(self, cache_dir: str, seq_len: int) -> None:
+        self.cache_dir, self.seq_len = cache_dir, seq_len
+        self._train: TokenCache | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_train": None}
+
+    def __call__(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._train is None:
+            self._train = TokenCache(self.cache_dir, "train")
+        return self._train.sample_batch(batch_size, self.seq_len, generator)
+
+
 @dataclass
 class StudySource:
     """name; vocab_size; sample (training batches); val_x, val_y (N, T) the scored sequences,
@@ -56,25 +85,19 @@ def synthetic_source(data: DataConfig, cfg: StudyConfig) -> StudySource:
     val, _ = generate_split(syn, data.seed, "val")
     val = val[:cfg.val_sequences]
     eot, prefix = syn.symbols, syn.length // 2
-    rows = _with_end_of_text(train, eot)
-
-    def sample(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        picked = rows[torch.randint(len(rows), (batch_size,), generator=generator)]
-        return picked[:, :-1], picked[:, 1:]
-
     val_rows = _with_end_of_text(val, eot)
     chains = make_chains(syn, data.seed)
     suffix_tokens = syn.length - prefix
     exact = -suffix_log_likelihood(chains, val, prefix) / suffix_tokens
     floor = -windowed_suffix_log_likelihood(chains, val, prefix, receptive_field(cfg)) / suffix_tokens
-    return StudySource("testbed", syn.symbols + 1, sample, val_rows[:, :-1], val_rows[:, 1:],
-                       exact, floor)
+    return StudySource("testbed", syn.symbols + 1, RowSampler(_with_end_of_text(train, eot)),
+                       val_rows[:, :-1], val_rows[:, 1:], exact, floor)
 
 
 def corpus_source(cache_dir: str, vocab_size: int, cfg: StudyConfig) -> StudySource:
     """The token cache: random training windows of cfg.seq_len, the first val_sequences
     validation windows scored."""
-    train, val = TokenCache(cache_dir, "train"), TokenCache(cache_dir, "val")
+    val = TokenCache(cache_dir, "val")
     xs, ys, held = [], [], 0
     for x, y in val.eval_batches(64, cfg.seq_len):
         xs.append(x), ys.append(y)
@@ -82,8 +105,4 @@ def corpus_source(cache_dir: str, vocab_size: int, cfg: StudyConfig) -> StudySou
         if held >= cfg.val_sequences:
             break
     val_x, val_y = torch.cat(xs)[:cfg.val_sequences], torch.cat(ys)[:cfg.val_sequences]
-
-    def sample(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return train.sample_batch(batch_size, cfg.seq_len, generator)
-
-    return StudySource("corpus", vocab_size, sample, val_x, val_y)
+    return StudySource("corpus", vocab_size, CacheSampler(cache_dir, cfg.seq_len), val_x, val_y)

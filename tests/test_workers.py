@@ -1,0 +1,43 @@
+"""ltm.workers: how many worker processes, results in the jobs' order whichever finished first,
+each worker's thread count, and the same answer here and in workers."""
+import pytest
+import torch
+
+from ltm.workers import cores, cpu_workers, run_jobs
+
+
+def seeded_draw(seed: int, wait_s: float) -> tuple[int, list[float], int]:
+    """A job that seeds itself; the first job waits so that the second finishes first."""
+    import time
+    time.sleep(wait_s)
+    torch.manual_seed(seed)
+    return seed, torch.randn(3).tolist(), torch.get_num_threads()
+
+
+def failing_job(text: str) -> None:
+    raise ValueError(text)
+
+
+def test_one_worker_per_core_at_most_one_per_job_and_one_on_a_gpu():
+    cpu = torch.device("cpu")
+    assert cpu_workers(0, 100, cpu) == cores()
+    assert cpu_workers(0, 1, cpu) == 1
+    assert cpu_workers(3, 2, cpu) == 2 and cpu_workers(3, 10, cpu) == 3
+    assert cpu_workers(4, 10, torch.device("cuda")) == 1
+
+
+def test_results_come_back_in_the_jobs_order_the_same_here_and_in_workers():
+    jobs = [(0, 1.0), (1, 0.0), (2, 0.0)]
+    finished = []
+    spread = run_jobs(seeded_draw, jobs, 2, lambda i, r: finished.append(i))
+    here = run_jobs(seeded_draw, jobs, 1)
+    assert [r[0] for r in spread] == [0, 1, 2] and sorted(finished) == [0, 1, 2]
+    assert finished[-1] == 0  # the slow first job finished last, its result still first
+    assert [r[1] for r in spread] == [r[1] for r in here]
+    # each of the two workers gets its share of the cores
+    assert all(r[2] == max(1, cores() // 2) for r in spread)
+
+
+def test_a_failing_job_raises_its_own_error():
+    with pytest.raises(ValueError, match="bad input"):
+        run_jobs(failing_job, [("bad input",), ("bad input",)], 2)
