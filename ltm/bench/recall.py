@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing as mp
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -45,6 +42,7 @@ from tqdm import tqdm
 from ltm.data.recall import RecallBatch, RecallTask, recall_batch
 from ltm.model.lm import LTM, ModelConfig
 from ltm.params import ParamsError, check
+from ltm.workers import cpu_workers, run_jobs
 
 # what may follow `mixer:` in an entry, and the model setting it turns on
 OPTIONS = ("window", "hierarchical")
@@ -222,11 +220,9 @@ def train_recall(cfg: ModelConfig, bench: RecallBench, batches: RecallBatch, dev
 
 def _train_and_score(cfg: ModelConfig, bench: RecallBench, entry: str, seed: int,
                      held_out: RecallBatch, bins: list, device: torch.device,
-                     threads: int | None = None, bar: tqdm | None = None) -> tuple[list, list]:
-    """One (mixer, seed) run: its rows per distance bin and its loss curve. `threads`: the
-    intra-op threads of a worker process (None: leave them)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+                     bar: tqdm | None = None) -> tuple[list, list]:
+    """One (mixer, seed) run: its rows per distance bin and its loss curve; `bar` advances
+    step by step where the run shares the caller's process."""
     train = recall_batch(bench.task(), bench.steps * bench.batch, seed=2 * seed)
     model, losses = train_recall(cfg, bench, train, device, bar or tqdm(disable=True), seed)
     params = model.num_params(non_embedding=True)
@@ -234,13 +230,6 @@ def _train_and_score(cfg: ModelConfig, bench: RecallBench, entry: str, seed: int
             for r in recall_accuracy(model, held_out, bins)]
     curve = [{"mixer": entry, "seed": seed, "step": s, "loss": v} for s, v in enumerate(losses)]
     return rows, curve
-
-
-def _workers(bench: RecallBench, device: torch.device, jobs: int) -> int:
-    if device.type != "cpu":
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(jobs, bench.workers or cores))
 
 
 def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
@@ -256,22 +245,13 @@ def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
     held_out = recall_batch(bench.task(), bench.eval_sequences, seed=2 * bench.seed + 1)
     bins = distance_bins(bench.window, bench.seq_len)
     jobs = [(entry, seed) for seed in range(bench.seed, bench.seed + bench.seeds) for entry in configs]
-    workers, done = _workers(bench, device, len(jobs)), {}
+    workers = cpu_workers(bench.workers, len(jobs), device)
     with tqdm(total=len(jobs) * bench.steps, desc="recall", unit="step", disable=not progress) as bar:
-        if workers == 1:
-            for entry, seed in jobs:
-                bar.set_description(f"recall {entry} (seed {seed})")
-                done[entry, seed] = _train_and_score(configs[entry], bench, entry, seed, held_out,
-                                                     bins, device, bar=bar)
-        else:
-            threads = max(1, (os.cpu_count() or 1) // workers)
-            # spawned, not forked: a forked child of a process whose OpenMP pool ran can hang
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-                futures = {pool.submit(_train_and_score, configs[e], bench, e, s, held_out, bins,
-                                       device, threads): (e, s) for e, s in jobs}
-                for future in as_completed(futures):
-                    done[futures[future]] = future.result()
-                    bar.update(bench.steps)
+        in_process = bar if workers == 1 else None  # a worker's bar would not reach this one
+        done = run_jobs(_train_and_score, [(configs[e], bench, e, s, held_out, bins, device, in_process)
+                                           for e, s in jobs], workers,
+                        lambda i, result: bar.update(0 if in_process else bench.steps))
+    done = dict(zip(jobs, done))
     rows = [row for job in jobs for row in done[job][0]]
     curves = [point for job in jobs for point in done[job][1]]
     runs = pd.DataFrame(rows)[["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]]
