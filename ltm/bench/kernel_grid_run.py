@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import triton
 
+from ltm.bench import timing
 from ltm.bench.kernel_grid import as_bench_rows, format_run, run_summary
 from ltm.bench.kernels import GRID_SHAPES, floor_ms, make_inputs, measure_ceilings
 from ltm.bench.references import (add_errors, backend_label, dispatches, entry, installed_backends,
@@ -63,16 +64,11 @@ class Grid:
             torch.cuda.synchronize()
 
     def bench(self, fn: Callable, warmup: int, rep: int, grads: list | None = None) -> float:
-        """Median ms of fn: triton.testing.do_bench on the GPU, a host clock on the CPU."""
+        """Median ms of fn: triton.testing.do_bench on the GPU (`warmup`, `rep` in ms), the host
+        clock over three calls on the CPU."""
         if self.device.type == "cuda":
-            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grads,
-                                                 return_mode="median"))
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return sorted(times)[1]
+            return timing.gpu_ms(fn, warmup_ms=warmup, rep_ms=rep, grad_to_none=grads)
+        return timing.host_ms(fn, 3, warmup=0)
 
 
 def check_order() -> None:
@@ -94,18 +90,16 @@ def time_pass(grid: Grid, fn: Callable, x: dict, backward: bool) -> dict:
     graph_ms too with `grid.graph` on a GPU."""
     grads = [t for t in x.values() if t.requires_grad]
     with torch.enable_grad() if backward else torch.no_grad():
-        grid.sync()
-        t0 = time.perf_counter()
-        out = fn(x)
-        do = None
-        if backward:
-            do = torch.randn_like(out)
-            out.backward(do)
-            step = lambda: fn(x).backward(do)
-        else:
-            step = lambda: fn(x)
-        grid.sync()
-        first = time.perf_counter() - t0
+        output_grad = {}  # the backward's do, drawn in the first pass and reused by the timed ones
+
+        def first_pass() -> None:
+            out = fn(x)
+            if backward:
+                output_grad["do"] = torch.randn_like(out)
+                out.backward(output_grad["do"])
+        first = timing.first_call_s(first_pass, sync=grid.sync)
+        do = output_grad.get("do")
+        step = (lambda: fn(x).backward(do)) if backward else (lambda: fn(x))
         result = {"first_s": first, "ms": grid.bench(step, WARMUP_MS, REP_MS, grads)}
         if grid.graph and grid.device.type == "cuda":
             result["graph_ms"] = graph_ms(fn, x, backward, do)
@@ -121,7 +115,7 @@ def graph_ms(fn: Callable, x: dict, backward: bool, do: torch.Tensor | None) -> 
     inputs = [t for t in leaves.values() if t.requires_grad]
     graphed = ((lambda: torch.autograd.grad(fn(leaves), inputs, do)) if backward
                else (lambda: fn(leaves)))
-    return float(triton.testing.do_bench_cudagraph(graphed, rep=REP_MS, return_mode="median"))
+    return timing.graph_ms(graphed, rep_ms=REP_MS)
 
 
 def error_text(err: Exception) -> str:

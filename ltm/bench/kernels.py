@@ -14,8 +14,6 @@ import argparse
 import dataclasses
 import importlib
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +22,7 @@ import torch.nn.functional as F
 import triton
 
 from ltm.bench.kernel_grid import format_grid, grid_table
+from ltm.bench.timing import gpu_ms, host_ms
 from ltm.params import check
 
 OPS = ("delta_rule", "rwkv7", "gated_delta_rule", "titans")
@@ -142,7 +141,7 @@ def implementations(op: str, device: torch.device) -> dict[str, Callable]:
 
 def _titans_implementations(on_gpu: bool) -> dict[str, Callable]:
     """The linear Titans memory's token loop, chunked form and (on a GPU) Triton kernel; fla's
-    momentum delta rule computes it only at chunk size 1, gpu/titans_vs_fla.py times that."""
+    momentum delta rule computes it only at chunk size 1, `ltm.bench.titans_vs_fla` times that."""
     impls = {}
     entry = _optional("ltm.ops.titans", "titans_memory")
     kernels = (("naive", "naive"), ("torch_chunk", "torch")) + ((("triton", "triton"),) if on_gpu else ())
@@ -185,16 +184,11 @@ def floor_counts(op: str, B: int, T: int, H: int, D: int, itemsize: int, backwar
 
 def _median_ms(fn: Callable, device: torch.device, warmup_ms: int, rep_ms: int,
                grads: list[torch.Tensor] | None = None) -> float:
+    """do_bench's median on the GPU; on the CPU the host clock's, after one untimed call, over
+    at least 3 calls and `rep_ms`."""
     if device.type == "cuda":
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads,
-                                             return_mode="median"))
-    fn()
-    times, start = [], time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start) * 1e3 < rep_ms:
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        return gpu_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
+    return host_ms(fn, 3, warmup=1, min_total_ms=rep_ms)
 
 
 def floor_ms(op: str, B: int, T: int, H: int, D: int, itemsize: int, backward: bool,

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import statistics
-import time
 from typing import Callable
 
 import torch
 
+from ltm.bench.timing import device_sync, host_ms
 from ltm.model.decoding import Decoder, Sampling
 from ltm.generate import quantization_loss_delta, quantize_model
 from ltm.model.lm import LTM, ModelConfig, build_mixer
@@ -36,21 +35,8 @@ VARIANTS = {
 
 def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 1,
               repeats: int = 3) -> float:
-    """Median wall time of fn() in milliseconds."""
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    """Median wall time of fn() in milliseconds (`ltm.bench.timing.host_ms`)."""
+    return host_ms(fn, repeats, warmup=warmup, sync=device_sync(device))
 
 
 def _variant(cfg: ModelConfig, name: str, settings: dict, **overrides) -> ModelConfig:

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ltm.bench.timing import device_sync, host_ms
 from ltm.params import check
 from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, load_prior
 from ltm.model.decoding import Decoder, Sampling
@@ -180,17 +180,13 @@ def _standard_error(values: torch.Tensor) -> float:
 
 
 def _median_seconds(fn, device: torch.device, repeats: int):
-    """(result of the last call, median seconds over `repeats` calls)."""
-    times, out = [], None
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return out, sorted(times)[len(times) // 2]
+    """(result of the last call, median seconds over `repeats` calls, none untimed)."""
+    last = {}
+
+    def call() -> None:
+        last["out"] = fn()
+    ms = host_ms(call, repeats, warmup=0, sync=device_sync(device))
+    return last["out"], ms / 1e3
 
 
 # ---------------------------------------------------------------------------------------------
