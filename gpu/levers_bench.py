@@ -6,7 +6,7 @@
 Parts, in order (each skipped, with a note, once --budget-s is spent):
   kernels   ltm.train.fused_ops's kernels against the plain PyTorch ops on odd shapes, forward and backward,
             float32 (bound 1e-5) and bfloat16 (bound 2e-2), relative max error
-  baseline  gpu/gpt2_baseline.py's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024;
+  baseline  ltm.bench.gpt2_baseline's plain GPT-2-small loop (compiled, bf16, fused AdamW), T=1024;
             at the params' size and batch (--set model.d_model=2048 ... measures both wider)
   ablate    the ablate protocol on configs/gpu-levers.yaml: one row per lever with its verdict,
             tokens/s and MFU; the final row (every lever that passed) is "levers on"
@@ -47,7 +47,6 @@ if not torch.cuda.is_available():  # before any Triton kernel is defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gpt2_baseline  # noqa: E402
 from source_checkout import commit  # noqa: E402
 
 from ltm.ablation.switches import AblateConfig  # noqa: E402
@@ -114,7 +113,7 @@ def main() -> None:
            "torch": torch.__version__, "commit": commit(), "params": args.params,
            "overrides": args.set, "tiny": args.tiny, "skipped": []}
     path = Path(args.out)
-    levers.run_parts(opts, parts, out, path, started, lambda kw: gpt2_baseline.measure(**kw), figure)
+    levers.run_parts(opts, parts, out, path, started, figure)
     print(f"wrote {path} in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 

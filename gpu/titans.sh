@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 44's GPU targets on one GPU: the Titans linear memory against fla's momentum delta rule
-# (gpu/titans_vs_fla.py), the deep memory's chunked form against its token loops
-# (gpu/titans_bench.py), and training tokens/s of the Titans model (MAG, depth 2, kernel torch)
+# (ltm.bench.titans_vs_fla), the deep memory's chunked form against its token loops
+# (ltm.bench.titans), and training tokens/s of the Titans model (MAG, depth 2, kernel torch)
 # beside the DeltaNet model (kernel triton) on the GPU profile (configs/gpu.yaml) at T=2048 and
 # T=8192, eager and compiled. Writes under ${OUT:-gpu/results}; BUDGET (s, default 570) bounds it.
 set -u

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 44 on one GPU, the Triton memory: its tests on the GPU (CASES grow there; bf16 and fp16
-# too), the linear memory against fla's momentum delta rule (gpu/titans_vs_fla.py) at grid shapes,
+# too), the linear memory against fla's momentum delta rule (ltm.bench.titans_vs_fla) at grid shapes,
 # and training tokens/s of the Titans model with the linear memory (titans_depth 1, kernel triton)
 # beside the DeltaNet model on the GPU profile. PART=1: tests, kernel table, T=2048; PART=2:
 # T=8192. Writes under ${OUT:-gpu/results}; BUDGET (s, default 570) bounds it.
@@ -13,7 +13,7 @@ titans=(model.mixer=titans model.kernel=triton model.titans_depth=1)
 if [[ ${PART:-1} == 1 ]]; then
   timeout 150 python3 -m pytest -q tests/kernels/test_kernels_titans.py \
     tests/model/test_titans_mixer.py -k "triton or token_loop" 2>&1 | tail -4
-  timeout 150 python3 gpu/titans_vs_fla.py --shapes 8,2048,8,64 8,2048,8,128 16,4096,8,64 \
+  timeout 150 python3 -m ltm.bench.titans_vs_fla --shapes 8,2048,8,64 8,2048,8,128 16,4096,8,64 \
     1,16384,8,64 --chunks 16 64 --kernels triton --out "$out/titans_vs_fla.json" \
     || echo "== titans_vs_fla FAILED"
   mid=(train.seq_len=2048 train.batch_size=8)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throughput of the train stage's GPU profile (configs/gpu.yaml) on one CUDA GPU: attention and
-# deltanet at T=1024, 2048 and 8192 beside a nanoGPT-class GPT-2 baseline (gpu/gpt2_baseline.py),
+# deltanet at T=1024, 2048 and 8192 beside a nanoGPT-class GPT-2 baseline (ltm.bench.gpt2_baseline),
 # attention with compile off and with the chunked loss, rwkv7, hierarchical deltanet, and deltanet's
 # loss curves on the token cache (if there): three seeds each of the triton kernel with and without
 # the fused convolution and of the torch kernel.
@@ -40,12 +40,12 @@ train() {  # name, limit in seconds, then --set overrides; all done within BUDGE
   echo "== $name took $((SECONDS - begin)) s"
 }
 
-baseline() {  # name, limit in seconds, then arguments of gpu/gpt2_baseline.py
+baseline() {  # name, limit in seconds, then arguments of ltm.bench.gpt2_baseline
   local name=$1 limit=$2
   shift 2
   if [[ ! $name =~ ${ONLY:-.} ]]; then return; fi
   echo "== $name: $*"
-  timeout "$limit" python3 gpu/gpt2_baseline.py "$@" | tee "$runs/$name.jsonl" || echo "== $name FAILED"
+  timeout "$limit" python3 -m ltm.bench.gpt2_baseline "$@" | tee "$runs/$name.jsonl" || echo "== $name FAILED"
 }
 
 long=(train.seq_len=8192 train.batch_size=2)

@@ -1,11 +1,11 @@
 """Where float8 training pays: one linear's forward+backward, bf16 against torchao's Float8Linear
 (dynamic tensorwise scaling, as `train.opt.fp8`), both compiled, over a grid of widths.
 
-    python3 gpu/fp8_width_bench.py OUT.json [--tokens 16384] [--widths 768,1024,1536,2048,4096]
+    python -m ltm.bench.fp8_width OUT.json [--tokens 16384] [--widths 768,1024,1536,2048,4096]
 
 For each width d: the MLP's up projection d -> 4d, its down projection 4d -> d, and the tied head
-d -> 50304 (GPT-2's padded vocabulary). Time is triton.testing.do_bench's median of forward and
-backward (input and weight gradients); the rate is 6 M K N FLOPs (forward 2 M K N, backward twice
+d -> 50304 (GPT-2's padded vocabulary). Time is triton.testing.do_bench's mean (its default when
+the record was made) of forward and backward (input and weight gradients); the rate is 6 M K N FLOPs (forward 2 M K N, backward twice
 that) over it. The ratio is bf16 time over float8 time, measured in the same process.
 """
 from __future__ import annotations
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from source_checkout import commit  # noqa: E402
+from ltm.bench.provenance import commit
+from ltm.bench.timing import gpu_ms
 
 VOCAB = 50304
 
 
 def fwd_bwd_ms(linear: torch.nn.Module, x: torch.Tensor) -> float:
+    """Mean ms of the compiled module's forward+backward after three untimed calls."""
     torch._dynamo.reset()  # a fresh compile per module: no recompile limit across the grid
     compiled = torch.compile(linear)
     with torch.no_grad():
@@ -35,10 +35,12 @@ def fwd_bwd_ms(linear: torch.nn.Module, x: torch.Tensor) -> float:
         compiled(x).backward(dy)
     for _ in range(3):  # compile and warm
         once()
-    return triton.testing.do_bench(once, warmup=10, rep=60, grad_to_none=[x, *linear.parameters()])
+    return gpu_ms(once, warmup_ms=10, rep_ms=60, grad_to_none=[x, *linear.parameters()],
+                  return_mode="mean")
 
 
 def shapes(widths: list[int]) -> list[tuple[str, int, int]]:
+    """(name, K, N) of the MLP's up and down projections and the head at each width."""
     rows = []
     for d in widths:
         rows += [(f"mlp up d{d}", d, 4 * d), (f"mlp down d{d}", 4 * d, d), (f"head d{d}", d, VOCAB)]
@@ -46,6 +48,8 @@ def shapes(widths: list[int]) -> list[tuple[str, int, int]]:
 
 
 def measure(name: str, k: int, n: int, tokens: int) -> dict:
+    """One row: bf16 and float8 ms, their TFLOP/s and the ratio, for a (tokens, k) x (k, n)
+    linear; torchao is optional, so imported here."""
     from torchao.float8 import convert_to_float8_training
     torch.manual_seed(0)
     plain = torch.nn.Linear(k, n, bias=False, device="cuda")
@@ -63,15 +67,15 @@ def measure(name: str, k: int, n: int, tokens: int) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--widths", type=lambda t: [int(w) for w in t.split(",")],
                         default=[768, 1024, 1536, 2048, 4096])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("fp8_width_bench: needs a CUDA GPU of compute capability 8.9+")
+        sys.exit("fp8_width: needs a CUDA GPU of compute capability 8.9+")
     import torchao
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "triton": triton.__version__, "torchao": torchao.__version__, "commit": commit(), "rows": []}

@@ -1,8 +1,8 @@
 """Generation on one GPU, the table of issue #16: per mixer, LTM.generate (eager) against
 ltm.generate's static decoder (CUDA graph), compiled and int8.
 
-    python gpu/generate_bench.py OUT.json [--budget SECONDS]
-    python gpu/generate_bench.py OUT.json --smoke     # the same sections, tiny, on the CPU
+    python -m ltm.bench.generation OUT.json [--budget SECONDS]
+    python -m ltm.bench.generation OUT.json --smoke     # the same sections, tiny, on the CPU
 
 The GPU profile's model (configs/gpu.yaml: 12 layers, d_model 768, vocab 50304, Triton kernels)
 with random weights in bf16, greedy. Sections, most important first; every path runs once before
@@ -23,19 +23,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
-from source_checkout import ROOT  # noqa: E402  (the checkout's ltm, installed or not)
+import torch
 
-import torch  # noqa: E402
-
-
-from ltm.bench.model import (VARIANTS, bench_generate, bench_generate_memory,  # noqa: E402
-                             bench_quantization)
-from ltm.model.lm import ModelConfig  # noqa: E402
-from ltm.params import from_mapping, read_params  # noqa: E402
+from ltm.bench.model import VARIANTS, bench_generate, bench_generate_memory, bench_quantization
+from ltm.bench.provenance import ROOT, commit, version_of
+from ltm.model.lm import ModelConfig
+from ltm.params import from_mapping, read_params
 
 MIXERS = {name: VARIANTS[name] for name in ("attention", "deltanet", "rwkv7")}
 # prompt, new tokens, new tokens against recomputing, batch sizes, context lengths
@@ -55,11 +52,13 @@ class Run:
         self.out, self.budget, self.start = out, budget, time.perf_counter()
         self.record = {
             "device": torch.cuda.get_device_name(0) if device == "cuda" else device,
-            "torch": torch.__version__, "triton": _version("triton"),
-            "torchao": _version("torchao"), "commit": _commit(), "model": dataclasses.asdict(cfg),
+            "torch": torch.__version__, "triton": version_of("triton"),
+            "torchao": version_of("torchao"), "commit": commit(short=True),
+            "model": dataclasses.asdict(cfg),
             "dtype": str(dtype), "sections": {}, "skipped": []}
 
-    def section(self, name: str, work) -> None:
+    def section(self, name: str, work: Callable[[], list[dict]]) -> None:
+        """Run `work` unless the budget is spent (then listed as skipped); print and save its rows."""
         if time.perf_counter() - self.start > self.budget:
             self.record["skipped"].append(name)
             print(f"\n== {name}: skipped (past the budget of {self.budget:.0f} s)", flush=True)
@@ -72,20 +71,8 @@ class Run:
         self.out.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
 
 
-def _version(package: str) -> str | None:
-    try:
-        return __import__(package).__version__
-    except ImportError:
-        return None
-
-
-def _commit() -> str | None:
-    result = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True)
-    return result.stdout.strip() or None
-
-
 def _table(rows: list[dict]) -> str:
+    """The rows as a right-aligned text table of the COLUMNS they hold."""
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
@@ -100,20 +87,21 @@ def _cell(value) -> str:
     return "" if value is None else str(value)[:60]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="JSON record to write")
     parser.add_argument("--budget", type=float, default=360.0,
                         help="seconds after which no further section starts")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, on the CPU")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cfg = from_mapping(ModelConfig, read_params(ROOT / "configs" / "gpu.yaml")["model"], "model")
     size, device, dtype = SIZES, "cuda", torch.bfloat16
     if args.smoke:
         cfg, size = dataclasses.replace(cfg, **SMOKE_MODEL), SMOKE_SIZES
         device, dtype = "cpu", torch.float32
     elif not torch.cuda.is_available():
-        raise SystemExit("error: no CUDA device: this script measures generation on a GPU")
+        raise SystemExit("error: no CUDA device: this benchmark measures generation on a GPU "
+                         "(--smoke runs it on the CPU)")
     common = dict(device=device, dtype=dtype, variants=MIXERS)
     prompt, new = size["prompt"], size["new"]
     run = Run(args.out, args.budget, cfg, device, dtype)

@@ -2,19 +2,22 @@
 positions, LayerNorm, GELU MLP, SDPA causal attention, tied head, fused AdamW, bf16 autocast),
 timed on random tokens the way `ltm.stages.train` times its own runs.
 
-    python3 gpu/gpt2_baseline.py [--batch 16] [--seq-len 1024] [--compile] [--steps 40]
+    python -m ltm.bench.gpt2_baseline [--batch 16] [--seq-len 1024] [--compile] [--steps 40]
 
 Prints one JSON line: tokens/s and MFU against 989 TFLOP/s with FLOPs per token
 6 N + 12 n_layers d_model T (N: every parameter but the position table, the tied embedding
 included; PaLM's attention count, not halved for causality), the formula nanoGPT reports MFU with.
 """
+from __future__ import annotations
+
 import argparse
 import json
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ltm.bench.timing import device_sync, per_call_ms
 
 PEAK_FLOPS = 989e12
 
@@ -70,11 +73,8 @@ def measure(batch: int = 16, seq_len: int = 1024, steps: int = 40, warmup: int =
     step_fn = torch.compile(model) if compile else model
     vocab = model.tok.num_embeddings
     tokens = batch * seq_len
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for step in range(steps):
-        if step == warmup:
-            sync()
-            start = time.perf_counter()
+
+    def step() -> None:
         x = torch.randint(vocab, (batch, seq_len + 1), device=device)
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = step_fn(x[:, :-1], x[:, 1:])
@@ -82,8 +82,9 @@ def measure(batch: int = 16, seq_len: int = 1024, steps: int = 40, warmup: int =
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    sync()
-    tokens_per_s = tokens * (steps - warmup) / (time.perf_counter() - start)
+    # the steps back to back between two synchronisations, as nanoGPT's loop runs them
+    step_ms = per_call_ms(step, steps - warmup, warmup=warmup, sync=device_sync(device))
+    tokens_per_s = tokens / (step_ms / 1e3)
     flops_per_token = 6 * n_params + 12 * len(model.blocks) * model.tok.embedding_dim * seq_len
     return {"run": "gpt2-baseline", "batch_size": batch, "seq_len": seq_len, "compile": compile,
             "params": n_params, "tokens_per_s": round(tokens_per_s),
@@ -92,7 +93,7 @@ def measure(batch: int = 16, seq_len: int = 1024, steps: int = 40, warmup: int =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=40)

@@ -3,11 +3,11 @@ stacked (q, k, v concatenated twice along the heads, then the kernel on 2H heads
 default) against grouped heads (the kernel reads q, k, v through a head map, no copies:
 hier_op=dual), and the plain delta rule on H heads as the reference of what one state costs.
 
-    python3 gpu/grouped_heads_bench.py OUT.json [--shapes B,T,H,D ...]
+    python -m ltm.bench.grouped_heads OUT.json [--shapes B,T,H,D ...]
 
 bf16 inputs as the layer gives them under autocast (q, k L2-normalised; beta in (0, 1); g <= 0),
-fwd and fwd+bwd (the gradient of a random projection of o), the median of
-`triton.testing.do_bench` after one untimed call. x_stacked = stacked ms / grouped ms (above 1:
+fwd and fwd+bwd (the gradient of a random projection of o), the mean of
+`triton.testing.do_bench` (its default when the records were made) after one untimed call. x_stacked = stacked ms / grouped ms (above 1:
 grouped faster); x_plain = grouped ms / plain ms (what the second state costs: 2.0 would be a
 second state at full price). About a minute on one H100.
 """
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from ltm.bench.timing import gpu_ms
 from ltm.kernels.delta_rule import triton_chunk_delta_rule
 
 # (B, T, H, D): the GPU profile's layer (16 x 1024, 12 heads of 64), then other shapes users run
@@ -31,6 +32,7 @@ SHAPES = [(16, 1024, 12, 64), (8, 2048, 8, 128), (4, 4096, 16, 64), (1, 16384, 8
 
 
 def inputs(B: int, T: int, H: int, D: int, groups: int) -> list[torch.Tensor]:
+    """q, k, v on H heads and beta, g on `groups` x H, bf16 as under autocast, leaves."""
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     q = torch.randn(B, T, H, D, device=dev).to(bf16)
     k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf16)
@@ -41,6 +43,8 @@ def inputs(B: int, T: int, H: int, D: int, groups: int) -> list[torch.Tensor]:
 
 
 def run(way: str, xs: list[torch.Tensor], backward: bool) -> None:
+    """One pass of `way`: plain (H heads, the first state's gates), stacked (q, k, v copied to
+    2H heads) or grouped (2H states reading H heads through the kernel's head map)."""
     q, k, v, beta, g = xs
     if way == "stacked":
         q, k, v = (torch.cat([x, x], dim=2) for x in (q, k, v))
@@ -52,15 +56,17 @@ def run(way: str, xs: list[torch.Tensor], backward: bool) -> None:
 
 
 def timed(way: str, xs: list[torch.Tensor], backward: bool) -> float:
+    """Mean ms of one pass after one untimed call (do_bench's 25 ms warm-up, 100 ms timed)."""
     run(way, xs, backward)
-    return triton.testing.do_bench(lambda: run(way, xs, backward), grad_to_none=xs)
+    return gpu_ms(lambda: run(way, xs, backward), warmup_ms=25, rep_ms=100, grad_to_none=xs,
+                  return_mode="mean")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--shapes", nargs="*", default=None, metavar="B,T,H,D")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shapes = ([tuple(int(n) for n in s.split(",")) for s in args.shapes] if args.shapes
               else SHAPES)
     started = time.monotonic()

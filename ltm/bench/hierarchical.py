@@ -1,8 +1,8 @@
 """The hierarchical DeltaNet layer's forward and forward+backward time under the roadmap's
 switches, cumulatively, against its own start and against the plain DeltaNet layer (issue 17).
 
-    python3 gpu/hierarchical_bench.py OUT.json [--batch 16] [--seq-len 1024] [--repeats 20]
-    python3 gpu/hierarchical_bench.py OUT.json --tiny      # small shapes on the CPU, seconds
+    python -m ltm.bench.hierarchical OUT.json [--batch 16] [--seq-len 1024] [--repeats 20]
+    python -m ltm.bench.hierarchical OUT.json --tiny      # small shapes on the CPU, seconds
 
 One DeltaNet layer of the GPU profile (configs/gpu.yaml: d_model 768, 12 heads, kernel triton,
 short convolution fused) on random bf16-autocast inputs, TF32 on, each configuration wrapped in
@@ -10,7 +10,7 @@ torch.compile (--no-compile: eager). Rows, each on top of the one before (the or
 configs/gpu-hierarchical.yaml): start (stacked, gate), + hier_op=dual, + fused_proj, +
 chunk_size=128, + hier_mix=sum, + hier_fast_read=chunk, + hier_slow_threshold=0.5; then the plain
 DeltaNet layer. Every configuration runs untimed first (compilation, autotuning); its time is the
-median of --repeats, CUDA events around each call. x_start = start ms / row ms (the target: >= 2
+median of --repeats, CUDA events around each call (the host clock on the CPU). x_start = start ms / row ms (the target: >= 2
 on fwd+bwd), x_plain = plain ms / row ms (the model-level target, 0.95x the plain tokens/s, is
 the ablate run's last row). OUT.json is rewritten after each row. About 2-3 minutes on one H100
 (compilation of eight layers dominates).
@@ -20,16 +20,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from ltm.bench.timing import event_ms, host_ms
 from ltm.model.config import ModelConfig
-from ltm.train.hardware import allow_recompiles
 from ltm.model.mixers import DeltaNet
+from ltm.train.hardware import allow_recompiles
 
 STEPS = [("start", {}), ("+ hier_op=dual", {"hier_op": "dual"}),
          ("+ fused_proj", {"fused_proj": True}), ("+ chunk_size=128", {"chunk_size": 128}),
@@ -47,26 +48,15 @@ def configs(base: ModelConfig) -> list[tuple[str, ModelConfig]]:
     return rows
 
 
-def timed(fn, repeats: int, device: torch.device) -> float:
+def timed(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
     """Median ms of `fn()` over `repeats` calls after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - began))
-    return statistics.median(times)
+    if device.type == "cuda":
+        return event_ms(fn, repeats, warmup=1)
+    return host_ms(fn, repeats, warmup=1)
 
 
 def measure(cfg: ModelConfig, x: torch.Tensor, repeats: int, compile: bool) -> dict:
+    """fwd_ms and fwd_bwd_ms of one layer of `cfg` on x (compiled if asked)."""
     torch.manual_seed(0)
     layer = DeltaNet(cfg).to(x.device)
     if compile:
@@ -90,7 +80,7 @@ def measure(cfg: ModelConfig, x: torch.Tensor, repeats: int, compile: bool) -> d
             "fwd_bwd_ms": timed(forward_backward, repeats, x.device)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--batch", type=int, default=16)
@@ -98,7 +88,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="CPU, small shapes, kernel torch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     started = time.monotonic()
     if args.tiny:
         device, compile = torch.device("cpu"), False

@@ -1,10 +1,11 @@
 """How much of a chunked op's measured time is the host's: ours against fla, on one GPU.
 
-    python3 gpu/host_overhead.py OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...] [--ops delta_rule] [--impls triton,fla]
-                                 [--segments 0 8 16]   # ours: the delta rule's state passes by segments of >= N chunks (0: off)
-                                 [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
-                                 [--fused-output none inference both]  # which forwards fuse the outputs
-                                 [--overlapped-output none inference both]  # ... overlap them with the state pass
+    python -m ltm.bench.host_overhead OUT.json [--shapes 8,2048,8,128 2,8192,8,128 ...]
+        [--ops delta_rule] [--impls triton,fla]
+        [--segments 0 8 16]   # ours: the delta rule's state passes by segments of >= N chunks (0: off)
+        [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
+        [--fused-output none inference both]  # which forwards fuse the outputs
+        [--overlapped-output none inference both]  # ... overlap them with the state pass
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -16,29 +17,29 @@ Per (op, shape, implementation) and pass (forward; forward+backward), four numbe
              (the GPU's queue never fills at that count), divided by 50
 and the floor ratios of bench_ms and graph_ms (ltm.bench.kernels.floor_ms: floor_counts over the
 measured copy bandwidth and matmul rate). A bench_ms well above graph_ms is host time the GPU waited for.
+OUT.json is rewritten after every row.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
-import sys
-import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ltm.bench.kernels import floor_ms, implementations, make_inputs, measure_ceilings  # noqa: E402
+from ltm.bench.kernels import floor_ms, implementations, make_inputs, measure_ceilings
+from ltm.bench.timing import gpu_ms, graph_ms, per_call_ms
 
 SHAPES = ["8,2048,8,128", "2,8192,8,128", "8,2048,16,64", "32,2048,4,128", "1,16384,8,64"]
 HOST_CALLS = 50
+OUTPUT_CHOICES = ["default", "none", "inference", "both"]
 
 
-def pass_fn(fn, x: dict, backward: bool):
+def pass_fn(fn: Callable, x: dict, backward: bool) -> Callable[[], object]:
     """One pass as a closure; the backward through autograd.grad, so nothing accumulates."""
     inputs = [t for t in x.values() if t.requires_grad]
     if not backward:
@@ -53,17 +54,8 @@ def pass_fn(fn, x: dict, backward: bool):
     return forward_backward
 
 
-def host_ms(step) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(HOST_CALLS):
-        step()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return 1e3 * elapsed / HOST_CALLS
-
-
-def kernel_ms(step, repeats: int = 10) -> float:
+def kernel_ms(step: Callable[[], object], repeats: int = 10) -> float:
+    """The GPU time of the kernels alone per call: torch.profiler's, summed over `repeats` calls."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
@@ -72,13 +64,16 @@ def kernel_ms(step, repeats: int = 10) -> float:
     return sum(e.device_time_total for e in prof.key_averages()) / repeats / 1e3
 
 
-def measure(step) -> dict:
+def measure(step: Callable[[], object]) -> dict:
+    """bench_ms, graph_ms, kernel_ms and host_ms of one pass (see the module docstring)."""
     for _ in range(3):  # compiles, autotunes (fla) and warms the allocator before any clock
         step()
-    row = {"bench_ms": float(triton.testing.do_bench(step, warmup=10, rep=60, return_mode="median"))}
-    row["graph_ms"] = float(triton.testing.do_bench_cudagraph(step, rep=60, return_mode="median"))
+    row = {"bench_ms": gpu_ms(step, warmup_ms=10, rep_ms=60)}
+    row["graph_ms"] = graph_ms(step, rep_ms=60)
     row["kernel_ms"] = kernel_ms(step)
-    row["host_ms"] = host_ms(step)
+    # the calls back to back, the clock read before the GPU's queue drains: the host's time
+    row["host_ms"] = per_call_ms(step, HOST_CALLS, sync=torch.cuda.synchronize,
+                                 wait_for_device=False)
     return row
 
 
@@ -94,13 +89,52 @@ def launch_options(segments: int, fill: int, fused: str, overlap: str) -> dict:
             "overlap_output": None if overlap == "default" else overlap}
 
 
-def ours_with(options: dict):
+def ours_with(options: dict) -> Callable[[dict], torch.Tensor]:
     """Our delta rule (plain or gated, as the inputs hold g) with these launch options."""
     from ltm.kernels.delta_rule import triton_chunk_delta_rule
     return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"), **options)[0]
 
 
-def main() -> None:
+def runs_of(impl: str, args: argparse.Namespace) -> list[tuple[int, int, str, str]]:
+    """(segments, segment fill, fused output, overlapped output) of each run of one
+    implementation: every combination asked for ours, the defaults for fla."""
+    if impl != "triton":
+        return [(0, 2, "default", "default")]
+    return [(n, f, fo, ov) for n in args.segments for f in (args.segment_fill if n else [2])
+            for fo in args.fused_output for ov in args.overlapped_output]
+
+
+def shape_rows(op: str, text: str, args: argparse.Namespace, ceilings: dict,
+               emit: Callable[[dict], None]) -> None:
+    """Every implementation asked for, each of its runs and both passes of `op` at the shape
+    `text` (B,T,H,D), a row each, printed and given to `emit`."""
+    device = torch.device("cuda")
+    shape = tuple(int(n) for n in text.split(","))
+    x = make_inputs(op, *shape, torch.bfloat16, device)
+    for name, fn in implementations(op, device).items():
+        if name not in args.impls.split(","):
+            continue
+        for (segments, fill, fused, overlap), backward in itertools.product(runs_of(name, args),
+                                                                           (False, True)):
+            floor = floor_ms(op, *shape, 2, backward, ceilings)
+            # the options are the delta rule's: RWKV-7 runs as it is
+            run = (ours_with(launch_options(segments, fill, fused, overlap))
+                   if name == "triton" and op != "rwkv7" else fn)
+            timings = measure(pass_fn(run, x, backward))
+            row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
+                   "segment_fill": fill, "fused_output": fused, "overlapped_output": overlap,
+                   "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
+            row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
+            print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} fo {fused:9s} "
+                  f"ov {overlap:9s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                  f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
+                  f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
+                  f"x{row['graph_floor']:.1f})", flush=True)
+            emit(row)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
@@ -109,48 +143,31 @@ def main() -> None:
     parser.add_argument("--segments", nargs="+", type=int, default=[0],
                         help="each run of ours: the delta rule's state passes (forward, backward) by segments of at "
                              "least N chunks (ltm.kernels.delta_rule.launch_choices; 0: off, the default)")
-    parser.add_argument("--fused-output", nargs="+", default=["default"],
-                        choices=["default", "none", "inference", "both"],
+    parser.add_argument("--fused-output", nargs="+", default=["default"], choices=OUTPUT_CHOICES,
                         help="ours: which forwards take the outputs out of the state pass, forced "
                              "(default: launch_choices._fuses_output's rule), one run each")
-    parser.add_argument("--overlapped-output", nargs="+", default=["default"],
-                        choices=["default", "none", "inference", "both"],
+    parser.add_argument("--overlapped-output", nargs="+", default=["default"], choices=OUTPUT_CHOICES,
                         help="ours: which forwards run the state pass and the outputs in one launch, "
                              "forced (default: launch_choices._overlaps_output's rule), one run each")
     parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
                         help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
-    args = parser.parse_args()
-    device = torch.device("cuda")
-    ceilings = measure_ceilings(device, 10, 60)
-    rows = []
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    ceilings = measure_ceilings(torch.device("cuda"), 10, 60)
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        Path(args.out).write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+             "triton": triton.__version__, "ceilings": ceilings, "rows": rows}, indent=1) + "\n")
+
     for op in args.ops.split(","):
         for text in args.shapes:
-            shape = tuple(int(n) for n in text.split(","))
-            x = make_inputs(op, *shape, torch.bfloat16, device)
-            for name, fn in implementations(op, device).items():
-                if name not in args.impls.split(","):
-                    continue
-                runs = [(0, 2, "default", "default")] if name != "triton" else [
-                    (n, f, fo, ov) for n in args.segments for f in (args.segment_fill if n else [2])
-                    for fo in args.fused_output for ov in args.overlapped_output]
-                for (segments, fill, fused, overlap), backward in itertools.product(runs, (False, True)):
-                    floor = floor_ms(op, *shape, 2, backward, ceilings)
-                    # the options are the delta rule's: RWKV-7 runs as it is
-                    run = (ours_with(launch_options(segments, fill, fused, overlap))
-                           if name == "triton" and op != "rwkv7" else fn)
-                    timings = measure(pass_fn(run, x, backward))
-                    row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
-                           "segment_fill": fill, "fused_output": fused, "overlapped_output": overlap,
-                           "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
-                    row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
-                    rows.append(row)
-                    print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} fo {fused:9s} ov {overlap:9s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
-                          f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
-                          f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
-                          f"x{row['graph_floor']:.1f})", flush=True)
-                    Path(args.out).write_text(json.dumps(
-                        {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                         "triton": triton.__version__, "ceilings": ceilings, "rows": rows}, indent=1) + "\n")
+            shape_rows(op, text, args, ceilings, emit)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,50 @@
-"""Latent thoughts' training cost on one GPU (issue 15; gpu/latent_bench.py is the command and its
-docstring lists the sections): the plain training step, one inner step and the whole latent step,
-eager, compiled and with CUDA graphs, and where one compiled inner step spends its time.
+"""Latent thoughts' training cost on one GPU (issue 15): the inner loop eager against a compiled
+inner step, against a compiled plain training step.
+
+    python -m ltm.bench.latent_run OUT.json [--budget SECONDS] [--repeats N]
+    python -m ltm.bench.latent_run OUT.json --tiny     # the same sections, tiny, on the CPU
+    python -m ltm.bench.latent_run OUT.json --init encoder --inner-steps 2   # semi-amortised
+
+The GPU profile's model (configs/gpu.yaml: attention, 12 layers, d_model 768, 12 heads, vocab
+50304) at T=1024, batch 16, bf16 autocast, TF32, fused AdamW, random tokens and weights; the
+latent model adds n_latent 8 thoughts per layer and fits them with 16 inner steps (the authors'
+recipe, train.latent's defaults). Every timed step runs first untimed (compilation); the time is
+the median of --repeats. Sections, cheapest first; OUT.json is rewritten after each, so a run cut
+short keeps what it measured, and a section whose turn comes after --budget seconds (default
+330; compiling the three graphs takes most of it) is listed as skipped:
+
+1. plain training step (forward, backward, AdamW), eager and compiled: ms, tokens/s
+2. one inner step (forward, backward to mu and log sigma^2, the update of q), eager
+3. the whole latent training step, decoder compiled, inner loop eager: ms, tokens/s
+4. one inner step compiled (ltm.latent.posterior.PosteriorFitter compile=True: the NLL's forward and
+   backward to z compiled, the decoder frozen, the head's loss through ltm.model.cross_entropy)
+5. the whole latent step with the compiled inner step: ms, tokens/s
+6. the top operations of one compiled inner step by GPU time (torch.profiler)
+7. one inner step compiled with CUDA graphs (mode="reduce-overhead"; CUDA only)
+8. the whole latent step with that inner step
+
+x_plain: ms / the compiled plain step's ms (the eager plain step's in --tiny runs without
+compile). Needs torch with CUDA; --tiny runs on the CPU in a minute or two (compile included;
+--no-compile for seconds).
 
 Beside `ltm.bench.latent` (the benchmark stage's smaller table) rather than in it: this one times
 the GPU profile's model section by section under a budget, writing its record after each.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ltm.bench.provenance import ROOT, version_of
+from ltm.bench.timing import device_sync, first_call_s, host_ms
 from ltm.latent.encoder import attach_encoder
 from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,
                                   sequence_nll, step_sizes)
@@ -32,27 +59,11 @@ TINY_MODEL = dict(vocab_size=256, n_layers=2, d_model=64, n_heads=2, max_seq_len
 COLUMNS = ("case", "impl", "ms", "tokens_per_s", "x_plain", "first_call_s", "error")
 
 
-def sync(device: torch.device) -> None:
-    """Wait for the GPU (nothing on the CPU): the host clock then times the device's work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable, device: torch.device, repeats: int) -> tuple[float, float]:
     """(median ms of fn() over repeats, seconds of the first, untimed call: compilation)."""
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times), first
+    sync = device_sync(device)
+    first = first_call_s(fn, sync=sync)
+    return host_ms(fn, repeats, warmup=0, sync=sync), first
 
 
 def train_step(step_model: Callable, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -90,13 +101,14 @@ def top_kernels(fn: Callable, device: torch.device, steps: int = 3, top: int = 1
     """The `top` operations of `steps` calls of fn by self device time (CPU time on the CPU):
     name, ms per call, share of the total."""
     from torch.profiler import ProfilerActivity, profile
+    sync = device_sync(device)
     fn()
-    sync(device)
+    sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
             fn()
-        sync(device)
+        sync()
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
     total = sum(getattr(e, attr) for e in events) or 1.0
@@ -106,14 +118,6 @@ def top_kernels(fn: Callable, device: torch.device, steps: int = 3, top: int = 1
     for r in rows:
         print(f"    {r['ms_per_call']:8.3f} ms {100 * r['share']:5.1f}%  {r['name']}", flush=True)
     return rows
-
-
-def version_of(name: str) -> str | None:
-    """A package's __version__, None where it is not installed (triton, on some machines)."""
-    try:
-        return __import__(name).__version__
-    except ImportError:
-        return None
 
 
 @dataclasses.dataclass
@@ -310,3 +314,39 @@ def finish(run: LatentRun) -> None:
     for item in record["skipped"]:
         print(f"skipped: {item}")
     print(f"written: {run.out} ({record['seconds']} s)")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--budget", type=float, default=330.0,
+                        help="seconds after which no further section starts")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU: a check")
+    parser.add_argument("--no-compile", action="store_true", help="eager rows only")
+    parser.add_argument("--skip", default="", help="section numbers to leave out, e.g. 2,3,6")
+    parser.add_argument("--inner-steps", type=int, default=None,
+                        help="inner steps of the latent step (default: the authors' 16)")
+    parser.add_argument("--init", choices=("authors", "prior", "encoder"), default="authors",
+                        help="q's start (train.latent.init); encoder: semi-amortised, its own "
+                             "NELBO in the step")
+    parser.add_argument("--fused-ops", default="",
+                        help="ltm.train.fused_ops kernels swapped into both models (train.opt.fused_ops), "
+                             "e.g. rms_norm,swiglu,rope")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    began = time.perf_counter()
+    run = setup(args.out, args.budget, args.repeats, args.tiny, not args.no_compile, args.skip,
+                [op for op in args.fused_ops.split(",") if op], ROOT / "configs" / "gpu.yaml", began,
+                args.inner_steps, args.init)
+    plain_sections(run)
+    latent_sections(run)
+    finish(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,9 +3,9 @@ is the command and says what each part measures): the kernels' checks, the ablat
 MFU per lever, the train stage's own loop with the kept levers, time to target per optimiser
 (`ltm.train.time_to_target`) and DeltaNet's throughput against attention.
 
-The nanoGPT-class loop itself (gpu/gpt2_baseline.py) and the time-to-loss figure
-(`ltm.report.figures`, a layer above this one) are the command's: `run_parts` takes them as
-callables.
+The nanoGPT-class loop is `ltm.bench.gpt2_baseline`'s. The time-to-loss figure
+(`ltm.report.figures`, a layer above this one) is the command's: `run_parts` takes it as a
+callable.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 
 from ltm.ablation.protocol import ablate
+from ltm.bench import gpt2_baseline
+from ltm.bench.timing import per_call_ms
 from ltm.ablation.switches import SWITCHABLE, AblateConfig, apply_switch
 from ltm.data.batches import resolve_data
 from ltm.data.cache import cache_dir_of
@@ -236,15 +238,10 @@ def throughput(params: dict, tmp: str, steps: int, warmup: int) -> float:
     cfg = from_mapping(TrainConfig, dict(params["train"], steps=warmup + steps, resume=False),
                        "train")
     trainer = Trainer(model_cfg, cfg, cache_dir_of(params), tmp, progress=False)
-    batches, timing = trainer.loader(), {"data_wait": 0.0}
-    for _ in range(warmup):
-        trainer.train_step(batches, timing)
-    trainer.synchronize()
-    begin = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step(batches, timing)
-    trainer.synchronize()
-    return steps * trainer.tokens_per_step() / (time.perf_counter() - begin)
+    batches, step_timing = trainer.loader(), {"data_wait": 0.0}
+    step_ms = per_call_ms(lambda: trainer.train_step(batches, step_timing), steps, warmup=warmup,
+                          sync=trainer.synchronize)
+    return trainer.tokens_per_step() / (step_ms / 1e3)
 
 
 def with_kept_levers(params: dict, out: dict) -> tuple[dict, list[str]]:
@@ -302,12 +299,11 @@ def check_parts(parts: list[str]) -> None:
 
 
 def run_parts(opts: Levers, parts: list[str], out: dict, path: Path, started: float,
-              baseline: Callable[[dict], dict], draw: Callable[[dict, float, Path], None]) -> None:
+              draw: Callable[[dict, float, Path], None]) -> None:
     """The parts in order, each skipped once the deadline has passed; `out` (the record) gets
     each part's result and seconds (wall_s since `started`) and is rewritten to `path` after
-    every part, so a run cut short keeps what it measured. `baseline(baseline_args)` measures
-    the nanoGPT-class loop and `draw` the ttt part's figure: both the command's (see the module
-    docstring)."""
+    every part, so a run cut short keeps what it measured. `draw` draws the ttt part's figure:
+    the command's (see the module docstring)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -319,7 +315,7 @@ def run_parts(opts: Levers, parts: list[str], out: dict, path: Path, started: fl
             if part == "kernels":
                 kernels_part(out, device)
             elif part == "baseline":
-                out["baseline"] = baseline(baseline_args(opts))
+                out["baseline"] = gpt2_baseline.measure(**baseline_args(opts))
                 print(f"nanoGPT-class loop: {out['baseline']}")
             elif part == "ablate":
                 ablate_part(opts, out)

@@ -3,8 +3,8 @@ model briefly, fit posteriors, train the prior, then the benchmark stage's table
 1000-step DDPM against DPM-Solver++ at 5, 10, 20, 50 evaluations, z ~ N(0, I) at 0.5 and 1.0,
 the plain LM's own samples.
 
-    python gpu/prior_bench.py OUT.json [--cache-dir data/cache] [--train-steps 150]
-    python gpu/prior_bench.py OUT.json --tiny      # the same, tiny, on the CPU (about a minute)
+    python -m ltm.bench.prior_run OUT.json [--cache-dir data/cache] [--train-steps 150]
+    python -m ltm.bench.prior_run OUT.json --tiny      # the same, tiny, on the CPU (about a minute)
 
 GPU sizes: the GPU profile's width (configs/gpu.yaml: attention, 12 layers, d_model 768, 12
 heads) at T=256, batch 16, with n_latent 8 thoughts per layer and 4 inner steps (reduced from the
@@ -26,22 +26,20 @@ import json
 import time
 from pathlib import Path
 
-from source_checkout import ROOT, commit  # noqa: E402  (the checkout's ltm, installed or not)
+import torch
 
-import torch  # noqa: E402
-
-
-from ltm.data.batches import SyntheticTokens  # noqa: E402
-from ltm.bench.prior import PriorBench, bench_prior  # noqa: E402
-from ltm.train.counterpart import LATENT, SUBFOLDERS  # noqa: E402
-from ltm.train.checkpoint import load_model  # noqa: E402
-from ltm.latent.posterior import LatentConfig  # noqa: E402
-from ltm.model.lm import ModelConfig  # noqa: E402
-from ltm.params import from_mapping  # noqa: E402
-from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig  # noqa: E402
-from ltm.train.prior_trainer import fit_posteriors, posterior_set, train_prior  # noqa: E402
-from ltm.train.settings import TrainConfig  # noqa: E402
-from ltm.train.trainer import run_training  # noqa: E402
+from ltm.bench.prior import PriorBench, bench_prior
+from ltm.bench.provenance import commit
+from ltm.data.batches import SyntheticTokens
+from ltm.latent.posterior import LatentConfig
+from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig
+from ltm.model.lm import ModelConfig
+from ltm.params import from_mapping
+from ltm.train.checkpoint import load_model
+from ltm.train.counterpart import LATENT, SUBFOLDERS
+from ltm.train.prior_trainer import fit_posteriors, posterior_set, train_prior
+from ltm.train.settings import TrainConfig
+from ltm.train.trainer import run_training
 
 SIZES = {  # (model, train, prior, bench) overrides
     "gpu": (dict(vocab_size=50304, n_layers=12, d_model=768, n_heads=12, d_ff=2048,
@@ -100,6 +98,7 @@ def synthetic_posteriors(latent_dir: Path, cfg: PriorConfig, device: torch.devic
 
 
 def table_text(rows: list[dict]) -> str:
+    """The benchmark's rows as a text table."""
     cols = ["source", "sampler", "evaluations", "ms_per_z", "ms_per_sequence", "mmd2",
             "mmd2_noise", "fd_pca", "gen_ppl", "token_entropy"]
     lines = ["  ".join(f"{c:>14}" for c in cols)]
@@ -112,31 +111,15 @@ def table_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", help="JSON written at the end")
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU")
-    parser.add_argument("--cache-dir", default=None, help="token cache (default: random tokens)")
-    parser.add_argument("--train-steps", type=int, default=None,
-                        help="steps of each model (default 150 on a GPU, 20 tiny)")
-    parser.add_argument("--work-dir", default=None, help="checkpoints (default: next to OUT)")
-    args = parser.parse_args()
-    size = "tiny" if args.tiny else "gpu"
-    device = torch.device("cpu" if args.tiny else "cuda")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("error: no CUDA device (run with --tiny on the CPU)")
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    steps = args.train_steps or (20 if args.tiny else 150)
-    root = Path(args.work_dir or Path(args.out).with_suffix("")) / "checkpoints"
-    start = time.perf_counter()
-    latent_dir, plain_dir = train_models(root, size, steps, 2 if args.tiny else 8,
-                                         1 if args.tiny else 4, args.cache_dir, device.type)
-    _, _, prior_kw, bench_kw = SIZES[size]
-    cfg = PriorConfig(**prior_kw)
+def fit_prior(root: Path, latent_dir: Path, size: str, cache_dir: str | None,
+              device: torch.device) -> dict:
+    """Posteriors of the latent model (on the token cache, else on random tokens), then the prior
+    trained on them, in root's prior folder with the models file the benchmark reads; returns
+    the prior's training metrics."""
+    cfg = PriorConfig(**SIZES[size][2])
     folder = root / PRIOR_DIR
-    if args.cache_dir:
-        posteriors = posterior_set(latent_dir, args.cache_dir, cfg, device, folder / POSTERIOR_FILE)
+    if cache_dir:
+        posteriors = posterior_set(latent_dir, cache_dir, cfg, device, folder / POSTERIOR_FILE)
     else:
         posteriors = synthetic_posteriors(latent_dir, cfg, device)
         folder.mkdir(parents=True, exist_ok=True)
@@ -146,7 +129,36 @@ def main() -> None:
     print(f"prior: {trained['steps']} steps, loss {trained['train_loss_first']:.4f} -> "
           f"{trained['train_loss_last']:.4f} in {trained['seconds_this_run']:.1f} s", flush=True)
     (folder / MODELS_FILE).write_text(json.dumps({"latent": SUBFOLDERS[LATENT], "plain": "."}))
-    rows, summary = bench_prior(PriorBench(**bench_kw), root, device)
+    return trained
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="JSON written at the end")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU")
+    parser.add_argument("--cache-dir", default=None, help="token cache (default: random tokens)")
+    parser.add_argument("--train-steps", type=int, default=None,
+                        help="steps of each model (default 150 on a GPU, 20 tiny)")
+    parser.add_argument("--work-dir", default=None, help="checkpoints (default: next to OUT)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    size = "tiny" if args.tiny else "gpu"
+    device = torch.device("cpu" if args.tiny else "cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: no CUDA device (run with --tiny on the CPU)")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    steps = args.train_steps or (20 if args.tiny else 150)
+    root = Path(args.work_dir or Path(args.out).with_suffix("")) / "checkpoints"
+    start = time.perf_counter()
+    latent_dir, _ = train_models(root, size, steps, 2 if args.tiny else 8, 1 if args.tiny else 4,
+                                 args.cache_dir, device.type)
+    trained = fit_prior(root, latent_dir, size, args.cache_dir, device)
+    rows, summary = bench_prior(PriorBench(**SIZES[size][3]), root, device)
     record = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "commit": commit(),
               "data": "cache " + args.cache_dir if args.cache_dir else "random tokens",

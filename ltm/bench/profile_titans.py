@@ -1,27 +1,31 @@
 """Where the Titans linear memory's forward+backward time goes on one GPU (kernel "triton"):
-the do_bench median, the same pass replayed from a CUDA graph (the GPU's time without the host's),
+the do_bench time, the same pass replayed from a CUDA graph (the GPU's time without the host's),
 and every GPU kernel's time per pass (torch.profiler), grouped as our Triton kernels and the rest
 (the gate products and their gradients, made by PyTorch).
 
-    python3 gpu/profile_titans.py [--shapes 8,2048,12,64 ...] [--chunks 16 64] [--clip 1.0]
+    python -m ltm.bench.profile_titans [--shapes 8,2048,12,64 ...] [--chunks 16 64] [--clip 1.0]
 
-bf16 q, k, v and gates like the mixer's (see gpu/titans_vs_fla.py). Prints a block per (shape,
-chunk).
+bf16 q, k, v and gates like the mixer's (see `ltm.bench.titans_vs_fla`). Prints a block per
+(shape, chunk); both times are means over the calls (do_bench's default when this was
+written, kept so that its numbers compare).
 """
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
+from ltm.bench.timing import gpu_ms, graph_ms
 from ltm.ops.titans import titans_memory
 
 REPEATS = 10
 
 
 def make_leaves(B: int, T: int, H: int, D: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """q, k (unit), v and the three gates in bf16, and the memory's zero weights."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     unit = [torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen, device="cuda"), dim=-1)
             for _ in range(2)]
@@ -32,14 +36,17 @@ def make_leaves(B: int, T: int, H: int, D: int) -> tuple[list[torch.Tensor], lis
     return leaves, [torch.zeros(H, D, D, device="cuda", requires_grad=True)]
 
 
-def pass_fn(leaves, weights, chunk: int, clip: float | None):
+def pass_fn(leaves: list[torch.Tensor], weights: list[torch.Tensor], chunk: int,
+            clip: float | None) -> Callable[[], None]:
+    """One forward+backward of the memory (kernel triton) as a call."""
     def run():
         out, _ = titans_memory(*leaves, weights, kernel="triton", chunk_size=chunk, grad_clip=clip)
         torch.autograd.grad(out, [*leaves, *weights], torch.ones_like(out))
     return run
 
 
-def kernel_rows(run) -> list[tuple[float, int, str]]:
+def kernel_rows(run: Callable[[], None]) -> list[tuple[float, int, str]]:
+    """(ms per pass, launches per pass, kernel) of every GPU kernel of REPEATS passes."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPEATS):
             run()
@@ -50,11 +57,13 @@ def kernel_rows(run) -> list[tuple[float, int, str]]:
 
 
 def report(shape: str, chunk: int, clip: float | None) -> None:
+    """One (shape, chunk)'s block: the two times, then the 16 longest kernels."""
     B, T, H, D = (int(n) for n in shape.split(","))
     run = pass_fn(*make_leaves(B, T, H, D), chunk, clip)
-    bench = triton.testing.do_bench(run, warmup=5, rep=100)
+    # do_bench's default mean, as this profile first printed
+    bench = gpu_ms(run, warmup_ms=5, rep_ms=100, return_mode="mean")
     try:
-        graph = f"{triton.testing.do_bench_cudagraph(run, rep=100):.3f}"
+        graph = f"{graph_ms(run, rep_ms=100, return_mode='mean'):.3f}"
     except Exception as err:  # a capture that fails says why, and the rest still prints
         graph = f"n/a ({type(err).__name__}: {str(err)[:80]})"
     rows = kernel_rows(run)
@@ -68,12 +77,12 @@ def report(shape: str, chunk: int, clip: float | None) -> None:
         print(f"   {ms:8.3f} ms  x{n:<3d} {key[:100]}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,2048,12,64"])
     parser.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
     parser.add_argument("--clip", type=float, default=1.0, help="grad_clip (0: none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0))
     for shape in args.shapes:
         for chunk in args.chunks:

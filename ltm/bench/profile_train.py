@@ -1,37 +1,42 @@
 """Where the time of one training step of the GPU profile goes, per mixer (eager, bf16 autocast).
 
-    python3 gpu/profile_train.py [mixer ...] [--seq-len T] [--batch B] [--compile] [--explain]
+    python -m ltm.bench.profile_train [mixer ...] [--seq-len T] [--batch B] [--compile] [--explain]
 
 mixer: attention, deltanet, rwkv7, hierarchical (the hierarchical DeltaNet, hier_op dual) or
 titans (MAG, the linear memory in Triton: titans_depth 1).
 
 For each mixer: the wall time of a step (forward, backward, fused AdamW) and the GPU kernels that
 take most of it, from torch.profiler, summed over the profiled steps and divided by their number.
+The model section is configs/gpu.yaml's, read from the repository.
 """
+from __future__ import annotations
+
 import argparse
 import collections
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ltm.model.lm import LTM
+from ltm.bench.provenance import ROOT
+from ltm.bench.timing import per_call_ms
+from ltm.model.lm import LTM, ModelConfig
 from ltm.params import from_mapping, read_params
-from ltm.model.lm import ModelConfig
 
 STEPS = 5
 
 
 def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
+    """The GPU profile's model with `mixer` on the GPU, and its fused AdamW."""
     # "hierarchical": the hierarchical DeltaNet, both states in the Triton kernel (hier_op dual)
     extra = {"hierarchical": {"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"},
              "titans": {"mixer": "titans", "titans_depth": 1}}.get(mixer, {"mixer": mixer})
-    section = dict(read_params("configs/gpu.yaml")["model"], **extra)
+    section = dict(read_params(ROOT / "configs" / "gpu.yaml")["model"], **extra)
     model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
 
-def step(model, opt, idx) -> None:
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, idx: torch.Tensor) -> None:
+    """One training step: forward under bf16 autocast, backward, the optimiser."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, loss = model(idx, idx)
     loss.backward()
@@ -40,18 +45,13 @@ def step(model, opt, idx) -> None:
 
 
 def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
+    """A step's wall time (STEPS back to back after 3 untimed) and its longest GPU kernels."""
     model, opt = build(mixer)
     if compiled:
         model = torch.compile(model)
     idx = torch.randint(0, model.cfg.vocab_size, (batch, seq_len), device="cuda")
-    for _ in range(3):
-        step(model, opt, idx)
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(STEPS):
-        step(model, opt, idx)
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - begin) / STEPS
+    wall = per_call_ms(lambda: step(model, opt, idx), STEPS, warmup=3,
+                       sync=torch.cuda.synchronize) / 1e3
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(STEPS):
             step(model, opt, idx)
@@ -68,7 +68,8 @@ def profile_mixer(mixer: str, batch: int, seq_len: int, compiled: bool) -> None:
     torch.cuda.empty_cache()
 
 
-def _our_frame(stack) -> str:
+def _our_frame(stack: list) -> str:
+    """The innermost frame of this project's code in a graph break's stack, as file:line name."""
     ours = [f for f in stack if "/ltm/" in f.filename or "/kernels/" in f.filename]
     frame = (ours or list(stack) or [None])[-1]
     if frame is None:
@@ -95,7 +96,7 @@ def explain(mixer: str, batch: int, seq_len: int) -> None:
     torch._dynamo.reset()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mixers", nargs="*", default=["attention", "deltanet", "rwkv7"])
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="profile the torch.compile'd model")
     parser.add_argument("--explain", action="store_true",
                         help="first print torch.compile's graphs and graph breaks per mixer")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for mixer in args.mixers if args.explain else []:
         explain(mixer, args.batch, args.seq_len)
     for mixer in args.mixers:

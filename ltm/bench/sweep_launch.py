@@ -1,28 +1,33 @@
 """Time of our Triton ops under each launch configuration a kernel may take, one kernel at a time
 (the others on their defaults), to check the tuner's lists and to build a heuristic table from.
 
-    python3 gpu/sweep_launch.py [rwkv7_loop] [delta_rule] [rwkv7] [--shapes "B,T,H,D;..."] [--wide]
-                                [--only KERNEL,...]    # e.g. --only delta_rule.bwd_chunk
-                                [--part I/N] [--compile-only]  # fill Triton's cache in N processes
+    python -m ltm.bench.sweep_launch [rwkv7_loop] [delta_rule] [rwkv7] [--shapes "B,T,H,D;..."]
+        [--wide] [--only KERNEL,...]    # e.g. --only delta_rule.bwd_chunk
+        [--part I/N] [--compile-only]  # fill Triton's cache in N processes
 
 `delta_rule` / `rwkv7`: every configuration on the list of every kernel of the chunked op
 (`ltm.kernels.delta_rule.chunk`, `ltm.kernels.rwkv7.chunk`: `*_configs` of the shape's class),
 forced through `ltm.kernels.tuning.FORCED`; the op's forward time for the forward kernels (for
 the state pass with the outputs fused: the forward under no_grad, "inf", and the training
-forward with it forced on, "fwd+fused"), its forward+backward for the backward ones (triton.testing.do_bench median, bf16 inputs as a layer
+forward with it forced on, "fwd+fused"), its forward+backward for the backward ones (the mean
+of triton.testing.do_bench, its default when the sweeps were recorded; bf16 inputs as a layer
 feeds them, gated delta rule); the fused and overlapped state passes are taken through the op's
 `fuse_output` / `overlap_output` options. `rwkv7_loop`: the RWKV-7 token loop's value block and
 warps, passed as `triton_fused_recurrent_rwkv7(value_block=..., num_warps=...)`.
 """
+from __future__ import annotations
+
+import argparse
 import contextlib
 import itertools
-import sys
+from typing import Callable, Iterator
 from unittest import mock
 
 import torch
-import triton.testing
+import triton
 
 from ltm.bench.kernels import make_inputs
+from ltm.bench.timing import gpu_ms
 from ltm.kernels import tuning
 from ltm.kernels.common import dot_precision
 from ltm.kernels.delta_rule import chunk as delta_rule_chunk
@@ -32,16 +37,24 @@ from ltm.kernels.rwkv7 import fused_recurrent as rwkv7_module
 SHAPES = [(8, 2048, 8, 128), (16, 1024, 12, 64)]
 
 
-def fwd_bwd_ms(fn, x) -> float:
+def forward_ms(fn: Callable[[dict], torch.Tensor], x: dict) -> float:
+    """Mean ms of the op's forward (do_bench, 25 ms warm-up, 100 ms timed)."""
+    return gpu_ms(lambda: fn(x), warmup_ms=25, rep_ms=100, return_mode="mean")
+
+
+def fwd_bwd_ms(fn: Callable[[dict], torch.Tensor], x: dict) -> float:
+    """Mean ms of one forward+backward after one untimed call (do_bench, 25 ms warm-up, 150 ms
+    timed)."""
     def once():
         out = fn(x)
         out.backward(grad)
     grad = torch.randn_like(fn(x))
     once()
-    return triton.testing.do_bench(once, warmup=25, rep=150)
+    return gpu_ms(once, warmup_ms=25, rep_ms=150, return_mode="mean")
 
 
-def rwkv7_loop_rows(shapes):
+def rwkv7_loop_rows(shapes: list[tuple]) -> Iterator[tuple[str, tuple, str, float]]:
+    """The RWKV-7 token loop's forward+backward per value block and warp count."""
     for shape, value_block, warps in itertools.product(shapes, (8, 16, 32), (2, 4, 8)):
         x = make_inputs("rwkv7", *shape, torch.bfloat16, torch.device("cuda"))
         def fn(x):
@@ -170,39 +183,47 @@ def chunked_rows(op: str, shapes, wide: bool = False, only: set | None = None,
                             fn(x).sum().backward() if pass_ == "fb" else fn(x)
                             torch.cuda.synchronize()
                             continue
-                        ms = (fwd_bwd_ms(fn, x) if pass_ == "fb"
-                              else triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100))
+                        ms = fwd_bwd_ms(fn, x) if pass_ == "fb" else forward_ms(fn, x)
                     except Exception as err:  # e.g. out of shared memory for this choice
                         print(f"{name} {shape} {label}: {type(err).__name__}: {str(err)[:100]}", flush=True)
                         continue
                 yield f"{name} ({pass_})", shape, label, ms
 
 
-def main(argv: list[str]) -> None:
-    shapes = SHAPES
-    if "--shapes" in argv:
-        i = argv.index("--shapes")
-        shapes = [tuple(int(n) for n in s.split(",")) for s in argv[i + 1].split(";")]
-        argv = argv[:i] + argv[i + 2:]
-    only = None
-    if "--only" in argv:
-        i = argv.index("--only")
-        only = set(argv[i + 1].split(","))
-        argv = argv[:i] + argv[i + 2:]
-    part = (0, 1)
-    if "--part" in argv:  # "i/n"
-        i = argv.index("--part")
-        part = tuple(int(n) for n in argv[i + 1].split("/"))
-        argv = argv[:i] + argv[i + 2:]
-    wide, compile_only = "--wide" in argv, "--compile-only" in argv
-    argv = [a for a in argv if a not in ("--wide", "--compile-only")]
-    ops = argv or ["delta_rule", "rwkv7"]
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ops", nargs="*", metavar="OP",
+                        help="of delta_rule, rwkv7, rwkv7_loop (default: delta_rule rwkv7)")
+    parser.add_argument("--shapes", default=None, metavar="B,T,H,D;...")
+    parser.add_argument("--only", default=None, metavar="KERNEL,...",
+                        help="these kernels only, e.g. delta_rule.bwd_chunk")
+    parser.add_argument("--part", default="0/1", metavar="I/N",
+                        help="every N-th configuration from the I-th")
+    parser.add_argument("--wide", action="store_true", help="grids wider than the tuning lists")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="run each configuration once untimed: fills Triton's cache")
+    args = parser.parse_args(argv)
+    unknown = set(args.ops) - {"delta_rule", "rwkv7", "rwkv7_loop"}
+    if unknown:
+        parser.error(f"unknown ops {sorted(unknown)}; expected delta_rule, rwkv7, rwkv7_loop")
+    args.ops = args.ops or ["delta_rule", "rwkv7"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    shapes = ([tuple(int(n) for n in s.split(",")) for s in args.shapes.split(";")]
+              if args.shapes else SHAPES)
+    only = set(args.only.split(",")) if args.only else None
+    part = tuple(int(n) for n in args.part.split("/"))
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__)
-    for op in ops:
-        rows = rwkv7_loop_rows(shapes) if op == "rwkv7_loop" else chunked_rows(op, shapes, wide, only, part, compile_only)
+    for op in args.ops:
+        rows = (rwkv7_loop_rows(shapes) if op == "rwkv7_loop"
+                else chunked_rows(op, shapes, args.wide, only, part, args.compile_only))
         for name, shape, choice, ms in rows:
             print(f"{name:26} {','.join(map(str, shape)):15} {choice:40} {ms:8.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

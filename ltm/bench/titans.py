@@ -1,9 +1,8 @@
 """The Titans memory's chunked form against its token loop (issue 44's target: the deep memory's
 chunked form >= 10x its token loop), forward and forward+backward, printed as a table.
 
-    python3 gpu/titans_bench.py [--device cpu] [--batch 1] [--heads 4] [--dim 32] [--seq-len 512]
-                                [--chunk 64] [--depths 1,2,4] [--repeats 3]
-                                [--threads N]
+    python -m ltm.bench.titans [--device cpu] [--batch 1] [--heads 4] [--dim 32] [--seq-len 512]
+                               [--chunk 64] [--depths 1,2,4] [--repeats 3] [--threads N]
 
 Random float32 inputs with the mixer's kind of gates (theta ~0.1, alpha ~0.01, eta ~0.9),
 grad_clip 1; the MLP's hidden width is 2 * dim. Both forms compute the same function (the loop
@@ -15,11 +14,11 @@ are medians of --repeats after one untimed run.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from typing import Callable
 
 import torch
 
+from ltm.bench.timing import device_sync, host_ms
 from ltm.ops.titans import chunk_titans_memory, naive_titans_memory, titans_memory_step
 
 
@@ -34,7 +33,9 @@ def step_loop(q, k, v, theta, alpha, eta, weights, *, chunk_size, grad_clip):
     return torch.stack(outputs, dim=1), state
 
 
-def inputs(args, depth: int, device: torch.device):
+def inputs(args: argparse.Namespace, depth: int,
+           device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """q, k (unit), v and the three gates, and the MLP's weights (hidden width 2 dim)."""
     gen = torch.Generator().manual_seed(0)
     B, T, H, D = args.batch, args.seq_len, args.heads, args.dim
 
@@ -51,22 +52,9 @@ def inputs(args, depth: int, device: torch.device):
     return x, weights
 
 
-def timed(fn, repeats: int, device: torch.device) -> float:
-    """Median seconds of fn() over `repeats` calls after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def run(form, x, weights, chunk: int, backward: bool):
+def run(form: Callable, x: list[torch.Tensor], weights: list[torch.Tensor], chunk: int,
+        backward: bool) -> None:
+    """One pass of `form` on fresh leaves (forward+backward with `backward`)."""
     leaves = [t.clone().requires_grad_(backward) for t in x]
     w = [t.clone().requires_grad_(backward) for t in weights]
     o, _ = form(*leaves, w, chunk_size=chunk, grad_clip=1.0)
@@ -74,7 +62,7 @@ def run(form, x, weights, chunk: int, backward: bool):
         o.square().mean().backward()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=1)
@@ -87,10 +75,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="intra-op threads (default: torch's); 1 on a shared 2-core machine, "
                              "where a second spinning thread only slows these small matmuls")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    sync = device_sync(device)
     print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, B={args.batch} "
           f"T={args.seq_len} H={args.heads} D={args.dim} chunk={args.chunk}")
     print(f"{'depth':>5} {'pass':>8} {'naive ms':>10} {'steps ms':>10} {'chunk ms':>10} "
@@ -99,15 +88,16 @@ def main() -> None:
         x, weights = inputs(args, depth, device)
         for backward in (False, True):
             with torch.set_grad_enabled(backward):
-                loop = timed(lambda: run(naive_titans_memory, x, weights, args.chunk, backward),
-                             1, device)
-                steps = timed(lambda: run(step_loop, x, weights, args.chunk, backward),
-                              args.repeats, device)
-                chunk = timed(lambda: run(chunk_titans_memory, x, weights, args.chunk, backward),
-                              args.repeats, device)
+                # the reference loop once (it is slow), each after one untimed run
+                loop_ms = host_ms(lambda: run(naive_titans_memory, x, weights, args.chunk, backward),
+                                  1, sync=sync)
+                steps_ms = host_ms(lambda: run(step_loop, x, weights, args.chunk, backward),
+                                   args.repeats, sync=sync)
+                chunk_ms = host_ms(lambda: run(chunk_titans_memory, x, weights, args.chunk, backward),
+                                   args.repeats, sync=sync)
             name = "fwd+bwd" if backward else "fwd"
-            print(f"{depth:>5} {name:>8} {1e3 * loop:>10.1f} {1e3 * steps:>10.1f} "
-                  f"{1e3 * chunk:>10.1f} {loop / chunk:>11.1f}x {steps / chunk:>11.1f}x",
+            print(f"{depth:>5} {name:>8} {loop_ms:>10.1f} {steps_ms:>10.1f} "
+                  f"{chunk_ms:>10.1f} {loop_ms / chunk_ms:>11.1f}x {steps_ms / chunk_ms:>11.1f}x",
                   flush=True)
 
 

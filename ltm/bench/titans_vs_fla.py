@@ -2,14 +2,15 @@
 PyTorch form) against fla 0.6.0's `chunk_momentum_delta_rule` (issue 44's reference), forward and
 forward+backward, on one GPU.
 
-    python3 gpu/titans_vs_fla.py [--shapes 8,2048,8,64 2,8192,8,128] [--chunks 16 64]
-                                 [--kernels triton torch] [--out F.json]
+    python -m ltm.bench.titans_vs_fla [--shapes 8,2048,8,64 2,8192,8,128] [--chunks 16 64]
+                                      [--kernels triton torch] [--out F.json]
 
 The two do not compute the same function at our chunk sizes: fla's is the exact per-token
 gradient (our chunk_size 1), ours takes each chunk's gradients at the chunk's starting weights
 (Titans' mini-batch form); the rows say which chunk size ran. bf16 inputs (fla refuses float32),
 gates like the mixer's (theta ~0.1, alpha ~0.01, eta ~0.9), no clipping (fla has none). Times are
-triton.testing.do_bench medians; x_fla = fla's time / ours.
+triton.testing.do_bench means (its default when records/gpu/titans/ was measured); x_fla = fla's
+time / ours.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import json
 import torch
 import triton
 
+from ltm.bench.timing import gpu_ms
 from ltm.ops.titans import titans_memory
 
 
 def make_inputs(B: int, T: int, H: int, D: int, device: str) -> tuple[list[torch.Tensor], list]:
+    """q, k (unit), v and the three gates in bf16, and the memory's zero weights."""
     gen = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape):
@@ -38,6 +41,7 @@ def make_inputs(B: int, T: int, H: int, D: int, device: str) -> tuple[list[torch
 
 
 def timed(kernel: str, chunk: int, tensors: list, weights: list, backward: bool) -> float:
+    """Mean ms of one pass of the memory under `kernel` (do_bench, 5 ms warm-up, 50 ms timed)."""
     leaves = [t.detach().clone().requires_grad_(backward) for t in tensors]
 
     def run():
@@ -45,16 +49,16 @@ def timed(kernel: str, chunk: int, tensors: list, weights: list, backward: bool)
         if backward:
             out.float().sum().backward()
 
-    return triton.testing.do_bench(run, warmup=5, rep=50)
+    return gpu_ms(run, warmup_ms=5, rep_ms=50, return_mode="mean")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,2048,8,64", "2,8192,8,128"])
     parser.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
     parser.add_argument("--kernels", nargs="+", default=["triton", "torch"])
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = []
     for shape in args.shapes:
         B, T, H, D = (int(n) for n in shape.split(","))

@@ -1,4 +1,4 @@
-"""ltm.bench.latent_run through gpu/latent_bench.py on the CPU (--tiny, eager): the record a GPU
+"""ltm.bench.latent_run as its command runs it on the CPU (--tiny, eager): the record a GPU
 call writes, with every row timed and the plain step as the reference of the ratios."""
 import json
 import subprocess
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_latent_bench_writes_its_record_on_the_cpu(tmp_path):
     out = tmp_path / "latent.json"
-    done = subprocess.run([sys.executable, str(ROOT / "gpu" / "latent_bench.py"), str(out), "--tiny",
+    done = subprocess.run([sys.executable, "-m", "ltm.bench.latent_run", str(out), "--tiny",
                            "--no-compile", "--repeats", "2"], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -26,7 +26,7 @@ def test_the_latent_bench_writes_its_record_on_the_cpu(tmp_path):
 
 def test_the_semi_amortised_step_is_timed_with_its_encoder(tmp_path):
     out = tmp_path / "latent.json"
-    done = subprocess.run([sys.executable, str(ROOT / "gpu" / "latent_bench.py"), str(out), "--tiny",
+    done = subprocess.run([sys.executable, "-m", "ltm.bench.latent_run", str(out), "--tiny",
                            "--no-compile", "--repeats", "1", "--init", "encoder",
                            "--inner-steps", "1"], capture_output=True, text=True, timeout=600,
                           cwd=ROOT)

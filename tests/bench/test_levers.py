@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "gpu"))
+from ltm.bench import gpt2_baseline
 
-import gpt2_baseline  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_nanogpt_loop_follows_the_params_size_and_levers_get_verdicts(tmp_path):
