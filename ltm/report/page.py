@@ -97,8 +97,10 @@ def study_section(results_dir: Path, records_dir: Path | None = None) -> Section
 
 
 STUDY_NOTE = ("Suffix NLL: the second half of each validation sequence given the first, nats/token, "
-              "mean ± SE over sequences; gain = control - latent, paired (positive: latent better), "
-              "counted beyond 5 SE. All models train on the same batches; decoders see study.window "
+              "mean ± SE over sequences and training seeds (study.seeds: every model trained anew "
+              "per seed; the SE adds the seeds' spread); gain = control - latent, paired (positive: "
+              "latent better), counted beyond 5 SE. Within a seed all models train on the same "
+              "batches; decoders see study.window "
               "tokens per layer, so z is the only channel beyond them. Dynamic evaluation: the plain "
               "model takes as many SGD steps on the prefix as the latent model takes inference steps "
               "(best step size). Second table: the bound NLL + KL after the encoder and k steps, and "
@@ -183,8 +185,8 @@ COMPARISON_COLUMNS = {"model": "model", "role": "role", "kind": "kind", "n_laten
 
 def gpu_latent_tables(gpu_dir: Path | None) -> list[pd.DataFrame]:
     """The latent-vs-plain comparisons recorded on GPUs (records in gpu_dir holding latent_model,
-    from configs/gpu-latent.yaml and gpu/latent_bench.py): by inference steps, the comparison,
-    and the inner loop's cost against a compiled plain training step."""
+    from configs/gpu-latent.yaml and `python -m ltm.bench.latent_run`): by inference steps, the
+    comparison, and the inner loop's cost against a compiled plain training step."""
     tables = []
     for path, record in ([] if gpu_dir is None else read_records(gpu_dir, "runs", "GPU training")):
         if "latent_model" not in record:

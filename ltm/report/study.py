@@ -24,7 +24,8 @@ def verdict_lines(study: dict) -> list[str]:
 
 def study_table(study: dict) -> pd.DataFrame:
     """One row per source and model: suffix NLL +- SE, the gain of the latent model over it
-    (control - latent, paired) +- SE, and its gap to the exact entropy where known."""
+    (control - latent, paired) +- SE, both over sequences and training seeds, and its gap to the
+    exact entropy where known."""
     rows = []
     for source, s in (study.get("sources") or {}).items():
         sizes = s["params"]  # non-embedding parameters of each trained model
@@ -34,6 +35,7 @@ def study_table(study: dict) -> pd.DataFrame:
                 "source": source, "model": LABELS.get(name, name),
                 "suffix NLL": f"{nll['mean']:.3f} ± {nll['se']:.3f}",
                 "latent's gain": "" if gain is None else f"{gain['mean']:+.3f} ± {gain['se']:.3f} ({gain['z']:.0f} SE)",
+                "seeds": s.get("seeds", 1),
                 "gap to exact": "" if gap is None else f"{gap['mean']:+.3f} ± {gap['se']:.3f}",
                 "non-embedding params": sizes.get(name, "")})
     return pd.DataFrame(rows)

@@ -179,36 +179,50 @@ def train_contender(name: str, plan: Plan, source: StudySource, cfg: StudyConfig
     return weights, loss, time.perf_counter() - start
 
 
+def seed_configs(cfg: StudyConfig) -> list[StudyConfig]:
+    """One configuration per training seed: cfg.seed, cfg.seed + 1, ... (cfg.seeds of them);
+    each draws new initial weights and a new stream of training batches."""
+    return [dataclasses.replace(cfg, seed=cfg.seed + i) for i in range(cfg.seeds)]
+
+
 def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
-                     say=print) -> Contenders:
-    """Train the latent model, the parameter-matched plain model, the shared-latents model (all
-    for cfg.steps batches) and the plain model at the latent model's training FLOPs, side by
-    side on a CPU (study.workers processes)."""
+                     say=print) -> list[Contenders]:
+    """For each training seed (seed_configs): the latent model, the parameter-matched plain
+    model, the shared-latents model (all for cfg.steps batches) and the plain model at the latent
+    model's training FLOPs; side by side on a CPU (study.workers processes)."""
     plan, device = plan_contenders(source, cfg), source.val_x.device
-    names = plan.names
-    workers = cpu_workers(cfg.workers, len(names), device)
+    jobs = [(name, plan, source, seeded) for seeded in seed_configs(cfg) for name in plan.names]
+    workers = cpu_workers(cfg.workers, len(jobs), device)
 
     def report(index: int, result: tuple) -> None:
-        name = names[index]
-        say(f"study {source.name}: {LABELS[name]}: {plan.steps[name]} steps in {result[2]:.0f} s, "
-            f"training loss {result[1]:.3f}")
+        name, seed = jobs[index][0], jobs[index][3].seed
+        say(f"study {source.name}: {LABELS[name]} (seed {seed}): {plan.steps[name]} steps in "
+            f"{result[2]:.0f} s, training loss {result[1]:.3f}")
 
     # the source travels to the workers on the CPU; a GPU run stays in this process
-    results = run_jobs(train_contender, [(n, plan, source, cfg, progress and workers == 1)
-                                         for n in names], workers, report)
+    results = run_jobs(train_contender, [(*job, progress and workers == 1) for job in jobs],
+                       workers, report)
+    notes = [] if "plain_equal_flops" in plan.names else [
+        f"plain at equal training FLOPs skipped: needs {plan.steps['plain_equal_flops']} steps, "
+        f"over study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
+    for note in notes:
+        say(note)
+    per_seed = len(plan.names)
+    return [_assembled(plan, seeded, device, results[i * per_seed:(i + 1) * per_seed], notes)
+            for i, seeded in enumerate(seed_configs(cfg))]
+
+
+def _assembled(plan: Plan, cfg: StudyConfig, device: torch.device, results: list[tuple],
+               notes: list[str]) -> Contenders:
+    """One seed's Contenders from its trained weights (in plan.names' order)."""
     trained = {}
-    for name, (weights, _, _) in zip(names, results):
+    for name, (weights, _, _) in zip(plan.names, results):
         trained[name] = build_contender(name, plan, cfg, device)
         trained[name].load_state_dict(weights)
         trained[name].eval()
-    equal = plan.steps["plain_equal_flops"]
-    notes = [] if "plain_equal_flops" in names else [
-        f"plain at equal training FLOPs skipped: needs {equal} steps, over "
-        f"study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
-    for note in notes:
-        say(note)
     unwrap = lambda name: trained[name].model if name in trained else None  # noqa: E731
     params = {"latent": non_embedding_params(trained["latent"]), "plain": unwrap("plain").num_params(),
               "shared": non_embedding_params(trained["shared"])}
     return Contenders(unwrap("latent"), unwrap("plain"), trained["shared"], unwrap("plain_equal_flops"),
-                      equal, params, {n: r[1] for n, r in zip(names, results)}, notes)
+                      plan.steps["plain_equal_flops"], params,
+                      {n: r[1] for n, r in zip(plan.names, results)}, notes)

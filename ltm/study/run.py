@@ -1,7 +1,8 @@
-"""The latent study, end to end: for each source, train the contenders (ltm.study.contenders),
-score every one per sequence on the suffix given the prefix (ltm.study.scores), compare each
-control with the latent model, paired, with standard errors (ltm.study.verdict), and write it all
-to one JSON (the train stage's study.json)."""
+"""The latent study, end to end: for each source, train the contenders once per training seed
+(ltm.study.contenders), score every one per sequence on the suffix given the prefix
+(ltm.study.scores), compare each control with the latent model, paired, with standard errors over
+sequences and seeds (ltm.study.verdict), and write it all to one JSON (the study stage's
+study.json)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +10,18 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ltm.data.cache import DataConfig, read_meta
 from ltm.params import ParamsError, load_section
-from ltm.study.contenders import Contenders, latent_config, train_contenders
+from ltm.study.contenders import Contenders, latent_config, seed_configs, train_contenders
 from ltm.study.scores import (bound_curve, dynamic_suffix_nll, own_and_shuffled_suffix_nll,
                               prefix_posterior_sample, published_and_honest_bounds, suffix_nll,
                               with_init)
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
-from ltm.study.verdict import mean_se, paired, verdict
+from ltm.study.verdict import mean_se, mean_se_over_seeds, paired, paired_over_seeds, verdict
 
 # each control, as the verdict names it
 CONTROLS = {"plain": "the plain model with as many parameters (equal tokens)",
@@ -105,27 +107,36 @@ def on_device(source: StudySource, device: torch.device) -> StudySource:
 
 
 def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, say=print) -> dict:
-    """Everything the study says about one source (on the device of its val_x)."""
+    """Everything the study says about one source (on the device of its val_x): the scores and
+    gains over every training seed; the curves and the published bounds of the first seed's
+    latent model."""
     start = time.perf_counter()
-    c = train_contenders(source, cfg, progress, say)
-    say(f"study {source.name}: scoring {len(source.val_x)} sequences")
-    scores, dynamic = _score(c, source, cfg, say)
-    out = {"sequences": len(source.val_x), "receptive_field": receptive_field(cfg),
+    runs = train_contenders(source, cfg, progress, say)
+    say(f"study {source.name}: scoring {len(source.val_x)} sequences, {len(runs)} seeds")
+    scored = [_score(c, source, seeded, say) for c, seeded in zip(runs, seed_configs(cfg))]
+    scores = {k: np.stack([s[k] for s, _ in scored]) for k in scored[0][0]}  # (S, N) each
+    first = runs[0]
+    out = {"sequences": len(source.val_x), "seeds": len(runs), "receptive_field": receptive_field(cfg),
            "device": torch.cuda.get_device_name(source.val_x.device)
            if source.val_x.device.type == "cuda" else "cpu",
-           "params": c.params, "train_loss_last10pct": c.train_loss,
-           "equal_flops_steps": c.equal_flops_steps, "dynamic_evaluation": dynamic,
-           "suffix_nll": {k: mean_se(v) for k, v in scores.items()},
-           "gain_over": {k: paired(v, scores["latent"]) for k, v in scores.items() if k != "latent"}}
+           "params": first.params,
+           "train_loss_last10pct": {k: float(np.mean([c.train_loss[k] for c in runs]))
+                                    for k in first.train_loss},
+           "equal_flops_steps": first.equal_flops_steps,
+           "dynamic_evaluation": [d for _, d in scored],
+           "suffix_nll": {k: mean_se_over_seeds(v) for k, v in scores.items()},
+           "gain_over": {k: paired_over_seeds(v, scores["latent"])
+                         for k, v in scores.items() if k != "latent"}}
     if source.exact is not None:
         out["suffix_nll"]["exact"] = mean_se(source.exact)
         out["suffix_nll"]["window_floor"] = mean_se(source.floor)
-        out["gap_to_exact"] = {k: mean_se(v - source.exact) for k, v in scores.items()}
-    out["curves"] = _curves(c, source, cfg)
+        out["gap_to_exact"] = {k: mean_se_over_seeds(v - source.exact) for k, v in scores.items()}
+    out["curves"] = _curves(first, source, cfg)
     out["encoder_buys"] = encoder_buys(out["curves"], cfg.inner_steps)
-    out["published_beside_ours"] = published_beside_ours(c, source, cfg, out["suffix_nll"]["latent"])
+    out["published_beside_ours"] = published_beside_ours(
+        first, source, cfg, mean_se(scores["latent"][0]))
     out["verdict"] = verdict(source.name, out["gain_over"], CONTROLS)
-    out["notes"] = c.notes
+    out["notes"] = first.notes
     out["seconds"] = time.perf_counter() - start
     return out
 

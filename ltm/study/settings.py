@@ -49,12 +49,15 @@ class StudyConfig:
     # plain models at the latent model's training FLOPs: skipped when that needs more steps
     max_equal_flops_steps: int = 4000
     seed: int = 0
+    # training seeds seed, seed + 1, ...: every contender trained anew per seed (new weights and
+    # batches) and scored on the same sequences; the verdict's SE includes the seeds' spread
+    seeds: int = 3
 
     def __post_init__(self):
         unknown = [s for s in self.sources if s not in SOURCES]
         check(not unknown, "sources", f"unknown {unknown}; expected some of {list(SOURCES)}")
         for name in ("d_model", "n_layers", "n_heads", "window", "n_latent", "steps",
-                     "batch_size", "curve_sequences", "val_sequences", "encoder_layers"):
+                     "batch_size", "curve_sequences", "val_sequences", "encoder_layers", "seeds"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.d_model % self.n_heads == 0, "n_heads",
               f"must divide d_model {self.d_model}, got {self.n_heads}")

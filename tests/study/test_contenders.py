@@ -17,7 +17,7 @@ from ltm.train.objective import LossModel
 
 SYN = SyntheticConfig(topics=2, symbols=6, length=16, train_sequences=64, val_sequences=8)
 CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, steps=6, batch_size=4, warmup_steps=2,
-                  val_sequences=8, inner_steps=1, workers=1)
+                  val_sequences=8, inner_steps=1, workers=1, seeds=1)
 
 
 def source():
@@ -54,21 +54,28 @@ def test_every_model_sees_the_same_batches_and_the_loss_falls():
 
 
 def test_the_contenders_are_trained_the_same_in_worker_processes_as_here():
-    src = source()
-    here = train_contenders(src, CFG, progress=False, say=lambda *a: None)  # one worker: here
-    assert set(here.train_loss) == {"latent", "plain", "shared", "plain_equal_flops"}
-    assert here.equal_flops is not None and here.equal_flops_steps > CFG.steps  # inference costs FLOPs
-    assert here.latent.encoder is not None and here.plain.cfg.n_latent == 0
+    src, two = source(), dataclasses.replace(CFG, seeds=2)
+    here = train_contenders(src, two, progress=False, say=lambda *a: None)  # one worker: here
+    assert len(here) == 2
+    for c in here:
+        assert set(c.train_loss) == {"latent", "plain", "shared", "plain_equal_flops"}
+        assert c.equal_flops is not None and c.equal_flops_steps > CFG.steps  # inference costs FLOPs
+        assert c.latent.encoder is not None and c.plain.cfg.n_latent == 0
+    # a second seed: new weights and batches
+    assert here[0].train_loss["plain"] != here[1].train_loss["plain"]
     said = []
-    spread = train_contenders(src, dataclasses.replace(CFG, workers=2), progress=False, say=said.append)
+    spread = train_contenders(src, dataclasses.replace(two, workers=2), progress=False,
+                              say=said.append)
     # each contender seeds itself: the same losses and weights up to the rounding of a different
     # thread count, whichever process trained it
-    for name, loss in here.train_loss.items():
-        assert abs(spread.train_loss[name] - loss) < 1e-4, name
-    for a, b in zip(here.latent.state_dict().values(), spread.latent.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(here, spread):
+        for name, loss in a.train_loss.items():
+            assert abs(b.train_loss[name] - loss) < 1e-4, name
+        for wa, wb in zip(a.latent.state_dict().values(), b.latent.state_dict().values()):
+            torch.testing.assert_close(wa, wb, rtol=1e-4, atol=1e-5)
     assert sorted(line.split(":")[1].strip() for line in said) == sorted(
-        ["latent", "plain", "shared z", "plain, equal FLOPs"])
+        f"{label} (seed {seed})" for seed in (0, 1)
+        for label in ("latent", "plain", "shared z", "plain, equal FLOPs"))
 
 
 def test_the_equal_flops_model_is_skipped_over_its_cap():
@@ -77,5 +84,5 @@ def test_the_equal_flops_model_is_skipped_over_its_cap():
     capped = dataclasses.replace(CFG, max_equal_flops_steps=CFG.steps)
     plan = plan_contenders(src, capped)
     assert plan.names == ["latent", "plain", "shared"] and plan.steps["plain_equal_flops"] > CFG.steps
-    c = train_contenders(src, capped, progress=False, say=lambda *a: None)
+    [c] = train_contenders(src, capped, progress=False, say=lambda *a: None)
     assert c.equal_flops is None and "skipped" in c.notes[0] and "plain_equal_flops" not in c.train_loss

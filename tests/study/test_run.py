@@ -11,7 +11,7 @@ from ltm.study.settings import StudyConfig
 SYN = SyntheticConfig(topics=2, symbols=6, length=16, train_sequences=64, val_sequences=12)
 CFG = StudyConfig(sources=["testbed"], d_model=16, n_heads=2, n_latent=2, steps=8, batch_size=4,
                   warmup_steps=2, val_sequences=12, inner_steps=1, encoder_curve=[0, 2],
-                  cold_curve=[0, 2], curve_sequences=4, dynamic_lrs=[0.01, 0.1])
+                  cold_curve=[0, 2], curve_sequences=4, dynamic_lrs=[0.01, 0.1], seeds=2)
 
 
 def test_the_study_scores_every_control_paired_and_writes_its_verdict(tmp_path):
@@ -21,13 +21,18 @@ def test_the_study_scores_every_control_paired_and_writes_its_verdict(tmp_path):
     assert json.loads(path.read_text())["verdict"] == metrics["verdict"]
     s = metrics["sources"]["testbed"]
     assert set(s["gain_over"]) == set(CONTROLS) and s["sequences"] == 12
-    assert all(g["sequences"] == 12 for g in s["gain_over"].values())
+    assert all(g["sequences"] == 12 and g["seeds"] == 2 and len(g["per_seed"]) == 2
+               for g in s["gain_over"].values()) and s["seeds"] == 2
+    # the gain is the mean of the seeds' own gains, its SE at least their spread's share
+    plain = s["gain_over"]["plain"]
+    assert plain["mean"] == pytest.approx(sum(plain["per_seed"]) / 2)
+    assert plain["se"] >= plain["seed_sd"] / 2 ** 0.5
     assert {"exact", "window_floor"} <= set(s["suffix_nll"]) and set(s["gap_to_exact"]) >= {"latent"}
     # the curve: the encoder's steps (the trained count among them) and both cold starts
     inits = {(r["init"], r["steps"]) for r in s["curves"]}
     assert inits == {("encoder", 0), ("encoder", 1), ("encoder", 2), ("authors", 0),
                      ("authors", 2), ("prior", 0), ("prior", 2)}
-    assert s["dynamic_evaluation"]["lr"] in CFG.dynamic_lrs
+    assert [d["lr"] in CFG.dynamic_lrs for d in s["dynamic_evaluation"]] == [True, True]
     assert len(metrics["verdict"]) == len(CONTROLS)
 
 

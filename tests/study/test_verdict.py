@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from ltm.study.verdict import mean_se, paired, sentence, verdict
+from ltm.study.verdict import (mean_se, mean_se_over_seeds, paired, paired_over_seeds, sentence,
+                               verdict)
 
 
 def test_a_paired_difference_is_the_mean_and_standard_error_of_the_differences():
@@ -31,3 +32,23 @@ def test_sentences_say_who_wins_only_beyond_five_standard_errors():
     lines = verdict("testbed", {"b": win, "a": tie}, {"a": "A", "b": "B", "c": "C"})
     assert lines[0].startswith("testbed: latent vs A") and lines[1].startswith("testbed: latent beats B")
     assert len(lines) == 2
+
+
+def test_over_seeds_the_error_adds_the_seeds_spread_to_the_sequences():
+    rng = np.random.default_rng(0)
+    model = rng.normal(3.0, 0.5, size=(3, 40))
+    # every seed's control worse by 0.1 on every sequence, plus a seed-wide shift
+    control = model + 0.1 + np.array([[0.0], [0.3], [-0.3]])
+    got = paired_over_seeds(control, model)
+    assert got["mean"] == pytest.approx(0.1) and got["seeds"] == 3 and got["sequences"] == 40
+    assert got["per_seed"] == pytest.approx([0.1, 0.4, -0.2])
+    assert got["seed_sd"] == pytest.approx(0.3)
+    # the sequences agree exactly (no sampling term): the SE is the seeds' alone, sd / sqrt(3)
+    assert got["se"] == pytest.approx(0.3 / math.sqrt(3))
+    # one seed: exactly the paired comparison over sequences
+    noisy = control[:1] + rng.normal(0, 0.1, (1, 40))
+    one = paired_over_seeds(noisy, model[:1])
+    assert one["seed_sd"] is None and one["seeds"] == 1
+    assert one["se"] == pytest.approx(paired(noisy[0], model[0])["se"]) and one["se"] > 0
+    assert mean_se_over_seeds(model[:1])["se"] == pytest.approx(mean_se(model[0])["se"])
+    assert "3 seeds" in sentence("plain", {**got, "z": 20.0})
