@@ -148,3 +148,12 @@ def test_test_files_have_unique_basenames():
     import collections
     names = collections.Counter(p.name for p in Path(__file__).resolve().parent.rglob("test_*.py"))
     assert not [n for n, k in names.items() if k > 1]
+
+
+def test_every_package_is_listed_for_installation():
+    # a package missing from pyproject.toml's list works in the editable install and is absent
+    # from a wheel (ltm.study was)
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert found == listed, f"packages not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
