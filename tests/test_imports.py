@@ -47,28 +47,36 @@ def module_files() -> dict[str, Path]:
 MODULES = module_files()
 
 
-def imports_of(name: str, path: Path) -> list[tuple[str, bool]]:
-    """(imported ltm module, inside a function) for every import in the file. `from a.b import c`
-    imports the module a.b.c where there is one, else a.b; a relative import is resolved."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def every_import(path: Path, package: str) -> list[tuple[str, str | None, bool]]:
+    """(module, name imported from it or None, inside a function) of every import in the file;
+    a relative import is resolved against `package`, the dotted package the file is in."""
     found = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
-                found.extend((alias.name, inside) for alias in child.names)
+                found.extend((alias.name, None, inside) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
                     anchor = package.split(".")[:len(package.split(".")) - child.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                for alias in child.names:
-                    sub = f"{base}.{alias.name}"
-                    found.append((sub if sub in MODULES else base, inside))
+                found.extend((base, alias.name, inside) for alias in child.names)
             visit(child, inside)
 
     visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def imports_of(name: str, path: Path) -> list[tuple[str, bool]]:
+    """(imported ltm module, inside a function) for every import in the file. `from a.b import c`
+    imports the module a.b.c where there is one, else a.b; a relative import is resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for module, imported, inside in every_import(path, package):
+        sub = f"{module}.{imported}"
+        found.append((sub if imported is not None and sub in MODULES else module, inside))
     return [(target, inside) for target, inside in found if target in MODULES and target != name]
 
 

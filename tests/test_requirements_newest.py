@@ -9,13 +9,12 @@ out, as the tests that reach them install or skip on their own.
 """
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import re
 import sys
 from pathlib import Path
 
-from tests.test_imports import MODULES
+from tests.test_imports import MODULES, every_import
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ("tests/kernels", "tests/ops")
@@ -33,28 +32,6 @@ def pinned(requirements: Path) -> set[str]:
 
 def normalise(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def imports_in(path: Path) -> list[tuple[str, bool]]:
-    """(absolute module name, inside a function) of every import in a file."""
-    package = ".".join(path.relative_to(ROOT).parent.parts)
-    found = []
-
-    def visit(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if isinstance(child, ast.Import):
-                found.extend((alias.name, inside) for alias in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    anchor = package.split(".")[:len(package.split(".")) - child.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                found.extend((f"{base}.{alias.name}", inside) for alias in child.names)
-            visit(child, inside)
-
-    visit(ast.parse(path.read_text()), False)
-    return found
 
 
 def own_module(name: str, importer: Path) -> Path | None:
@@ -76,12 +53,14 @@ def third_party_reached(start: list[Path]) -> dict[str, str]:
     stack = [(path, True) for path in start]
     seen: set[Path] = set()
     while stack:
-        path, every_import = stack.pop()
+        path, a_test = stack.pop()
         if path in seen:
             continue
         seen.add(path)
-        for imported, inside in imports_in(path):
-            if inside and not every_import:
+        package = ".".join(path.relative_to(ROOT).parent.parts)
+        for module, name, inside in every_import(path, package):
+            imported = module if name is None else f"{module}.{name}"
+            if inside and not a_test:
                 continue
             parts = imported.split(".")
             packages = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
