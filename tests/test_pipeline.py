@@ -26,7 +26,7 @@ TINY = {
               "counterpart": {"eval_steps": [0, 1], "eval_batches": 1, "max_equal_flops_steps": 24}},
     # the prior over z at its smallest: a few steps on a few posteriors
     "prior": {"width": 16, "n_heads": 2, "steps": 6, "batch_size": 8, "warmup_steps": 1,
-              "checkpoint_every": 3, "train_sequences": 16, "heldout_sequences": 8, "fit_batch": 8,
+              "checkpoint_every": 3, "train_sequences": 16, "heldout_sequences": 16, "fit_batch": 8,
               "whiten_rank": 4, "sample_steps": 2},
     "samples": {"max_new_tokens": 8},
     "study": {"d_model": 16, "n_heads": 2, "n_latent": 1, "seq_len": 32, "steps": 4,
@@ -37,7 +37,10 @@ TINY = {
     "benchmark": {"mixers": {"seq_len": 24, "repeats": 1},
                   "generate": {"prompt_len": 4, "new_tokens": 4, "repeats": 1},
                   "kernels": {"shapes": [[1, 20, 1, 16]], "naive_tokens": 8, "ops": ["delta_rule"],
-                              "warmup_ms": 1, "rep_ms": 1}},
+                              "warmup_ms": 1, "rep_ms": 1},
+                  # the prior's samplers on 4 draws (benchmark.prior.samples < prior.heldout_sequences)
+                  "prior": {"samples": 4, "new_tokens": 4, "eval_steps": [2], "repeats": 1,
+                            "pca_dims": 2}},
     # the recall task at its smallest (the default trains 15 models for minutes)
     "recall": {"mixers": ["attention", "attention:window"], "steps": 2, "batch": 2,
                "seq_len": 16, "window": 2, "n_pairs": 2, "n_keys": 4, "n_values": 4,
