@@ -37,8 +37,13 @@ $(CORPUS): | $(INSTALLED)
 workbook: setup
 	@start=$$(date +%s); dvc repro && echo "ltm: dvc repro done in $$(( $$(date +%s) - start )) s"
 
+# each suite on every core: a worker process per core, a test file per worker at a time (so a
+# module's shared fixtures are built once); TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= auto
+PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-newest
 
 # The kernel and op tests once more on the newest torch/Triton pair (requirements-newest.txt),
@@ -55,7 +60,7 @@ $(INSTALLED_NEWEST): requirements-newest.txt pyproject.toml
 	touch $@
 
 test-newest: $(INSTALLED_NEWEST)
-	$(PY_NEWEST) -m pytest -q tests/kernels tests/ops
+	$(PY_NEWEST) -m pytest $(PYTEST_ARGS) tests/kernels tests/ops
 
 # On a CUDA machine with torch and Triton (no virtualenv needed): kernel tests, every mixer trained
 # eager and compiled, plain and latent, generation, DDP; one table (gpu/check.py). A change to

@@ -10,6 +10,14 @@ if not torch.cuda.is_available():
 # kernel buffers start as NaN in the tests, so an output element a kernel never writes fails them
 os.environ["LTM_POISON_BUFFERS"] = "1"
 
+# Under pytest-xdist (make test: a worker process per core) each worker gets its share of the
+# cores, and so do the processes a test starts (dvc repro, the CLI): two workers each spinning two
+# OpenMP threads on two cores run several times slower than one thread each.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
+
 
 import pytest  # noqa: E402
 
