@@ -18,10 +18,24 @@ class Measurement:
     peak_memory: float | None = None  # bytes
     memory_kind: str = "not measured"
     tokens_per_step: int = 0
+    blocks: int = 0  # timed blocks run (fewer than ablate.repeats when the verdict settled early)
+
+
+def settled(blocks: list[list[float]], factor: float | None) -> bool:
+    """Whether a baseline-candidate pair's speed verdict is already decided: one side's fastest
+    block `factor` times slower than the other's slowest. More blocks only widen both spreads (a
+    verdict can only move towards NO EFFECT), so the rule asks for a gap several times the widest
+    block spread seen on a busy machine (1.7x) rather than any gap at all."""
+    if factor is None or len(blocks) != 2:
+        return False
+    base, cand = blocks
+    return min(cand) >= factor * max(base) or min(base) >= factor * max(cand)
 
 
 def measure(runners: list[Runner], cfg: AblateConfig, timer: StepTimer) -> list[Measurement]:
-    """Measure each runner from the checkpoint, their timed blocks alternating."""
+    """Measure each runner from the checkpoint, their timed blocks alternating; a pair stops
+    after the round that settles its speed verdict (`settled`), both at the same step, so the
+    quality scores still compare equal training."""
     results = [Measurement(tokens_per_step=r.tokens_per_step()) for r in runners]
     for runner, result in zip(runners, results):
         runner.reset()
@@ -32,8 +46,11 @@ def measure(runners: list[Runner], cfg: AblateConfig, timer: StepTimer) -> list[
     for _ in range(cfg.repeats):
         for runner, times in zip(runners, blocks):
             times.append(statistics.median(runner.timed_steps(cfg.steps, timer)))
+        if settled(blocks, cfg.settle_factor):
+            break
     for runner, result, times in zip(runners, results, blocks):
         result.step_s, result.low_s, result.high_s = statistics.median(times), min(times), max(times)
+        result.blocks = len(times)
         result.val_loss = runner.finish()
     return results
 

@@ -7,8 +7,10 @@ the measurements; then the next change on top of it (mode cumulative) or on top 
 A measurement (ltm.ablation.runner.Runner) starts from the train stage's checkpoint (or a warm-start run
 of ablate.warm_start_steps steps when there is none that fits), runs `warmup` untimed steps (the
 last one measures peak memory), then `repeats` blocks of `steps` timed steps; the step time is
-the median of the blocks' median step times, the spread their min and max. The quality score is
-the mean loss on a fixed validation set after the same steps. The current baseline and the
+the median of the blocks' median step times, the spread their min and max. A pair stops after
+the round whose blocks are `settle_factor` times apart (the verdict cannot change but towards
+NO EFFECT, and not across such a gap). The quality score is the mean loss on a fixed validation
+set after the same steps. The current baseline and the
 candidate are measured in alternating blocks, so slow drift of the machine hits both alike.
 
 Verdicts: FAIL (quality out of tolerance: either way for an exact switch, worse for an
@@ -103,7 +105,11 @@ class Protocol:
             cand = self.runner(sections, where)
             base_m, cand_m = measure([base, cand], self.cfg, self.timer)
             result = verdict(base_m, cand_m, change.tolerance, change.kind == "exact")
-            note = "" if cand.loaded == "all" else f"weights loaded: {cand.loaded} (untrained rest)"
+            notes = [] if cand.loaded == "all" else [f"weights loaded: {cand.loaded} (untrained rest)"]
+            if cand_m.blocks < self.cfg.repeats:
+                notes.append(f"settled after {cand_m.blocks} of {self.cfg.repeats} blocks "
+                             f"(a gap over ablate.settle_factor {self.cfg.settle_factor}x)")
+            note = "; ".join(notes)
         except (ParamsError, TrainingDiverged, RuntimeError, ValueError, NotImplementedError) as err:
             # a variant that cannot run here fails its row, not the whole ablation
             base_m, cand_m, result, note = Measurement(), Measurement(), "FAIL", one_line(err)

@@ -62,6 +62,9 @@ class AblateConfig:
     warmup: int = 3
     steps: int = 8  # timed steps per block (their median is the block's step time)
     repeats: int = 5  # blocks per measurement; their spread decides NO EFFECT
+    # stop a measurement early once one side's fastest block is this many times slower than the
+    # other's slowest (bf16 autocast on a CPU: 17x; five blocks of it cost 100 s); null = never
+    settle_factor: float | None = 3.0
     val_sequences: int = 32  # the fixed validation set: the first N windows of the val split
     exact_tolerance: float = 0.001  # |delta val loss| allowed to an exact switch
     loss_tolerance: float = 0.05  # ... and to an approximate one
@@ -94,6 +97,8 @@ class AblateConfig:
               f"got {self.warmup}")
         for name in ("exact_tolerance", "loss_tolerance"):
             check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.settle_factor is None or self.settle_factor > 1, "settle_factor",
+              f"must be > 1 or null, got {self.settle_factor}")
         check(self.rounding_factor >= 0, "rounding_factor", f"must be >= 0, got {self.rounding_factor}")
         check(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s",
               f"must be > 0 or null, got {self.time_budget_s}")

@@ -40,3 +40,62 @@ def test_a_row_records_both_measurements_and_the_speed_ups_range():
     assert row["speedup_low"] == pytest.approx(0.9 / 0.6) and row["speedup_high"] == pytest.approx(1.1 / 0.4)
     assert row["delta_val_loss"] == pytest.approx(0.01)
     assert (row["peak_memory_mib"], row["base_peak_memory_mib"]) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("blocks, factor, expected", [
+    ([[1.0], [3.5]], 3.0, True),          # the candidate 3.5x slower after one round
+    ([[3.5], [1.0]], 3.0, True),          # ... or 3.5x faster
+    ([[1.0, 1.2], [3.5, 3.4]], 3.0, False),  # 3.4 < 3 x 1.2: not settled
+    ([[1.0], [2.0]], 3.0, False),
+    ([[1.0], [30.0]], None, False),       # null: never settle early
+    ([[1.0], [3.5], [4.0]], 3.0, False),  # the rule is for a baseline-candidate pair only
+])
+def test_settled_needs_a_gap_of_the_factor_between_the_spreads(blocks, factor, expected):
+    from ltm.ablation.measure import settled
+    assert settled(blocks, factor) is expected
+
+
+class _FakeRunner:
+    """A runner whose every timed step takes `step_s` (no training)."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.steps = step_s, 0
+
+    def tokens_per_step(self) -> int:
+        return 1
+
+    def reset(self) -> None:
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def memory_step(self):
+        self.steps += 1
+        return None, "not measured"
+
+    def timed_steps(self, n: int, timer) -> list[float]:
+        self.steps += n
+        return [self.step_s] * n
+
+    def finish(self) -> float:
+        return float(self.steps)  # the "score" records how far the runner trained
+
+
+@pytest.mark.parametrize("cand_s, factor, blocks", [(20.0, 3.0, 1), (1.5, 3.0, 5), (20.0, None, 5)])
+def test_measure_stops_a_settled_pair_with_both_at_the_same_step(cand_s, factor, blocks):
+    from ltm.ablation.measure import measure
+    from ltm.ablation.switches import AblateConfig
+    cfg = AblateConfig(warmup=2, steps=4, repeats=5, settle_factor=factor)
+    base, cand = measure([_FakeRunner(1.0), _FakeRunner(cand_s)], cfg, timer=None)
+    assert base.blocks == cand.blocks == blocks
+    # equal training before the quality score: warm-up steps plus the blocks run
+    assert base.val_loss == cand.val_loss == 2 + 4 * blocks
+    assert cand.step_s == cand_s
+
+
+def test_settle_factor_must_exceed_one():
+    from ltm.ablation.switches import AblateConfig
+    from ltm.params import ParamsError
+    with pytest.raises(ParamsError, match="settle_factor"):
+        AblateConfig(settle_factor=1.0)
