@@ -14,9 +14,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ltm.latent.encoder import attach_encoder
-from ltm.latent.posterior import LatentConfig
 from ltm.model.config import ModelConfig
 from ltm.model.lm import LTM
+from ltm.study.scoring import Scored, latent_config, score_contender
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource
 from ltm.train.counterpart import flops_of, inner_passes
@@ -32,11 +32,6 @@ def decoder_config(cfg: StudyConfig, vocab_size: int, seq_len: int, n_latent: in
     return ModelConfig(vocab_size=vocab_size, mixer="attention", n_layers=cfg.n_layers,
                        d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=d_ff,
                        max_seq_len=seq_len, window=cfg.window, n_latent=n_latent)
-
-
-def latent_config(cfg: StudyConfig) -> LatentConfig:
-    """The latent model's inference: encoder start, cfg.inner_steps refining steps."""
-    return LatentConfig(steps=cfg.inner_steps, init="encoder", encoder_layers=cfg.encoder_layers)
 
 
 def non_embedding_params(model: nn.Module) -> int:
@@ -73,7 +68,9 @@ class SharedLatents(nn.Module):
 
 @dataclasses.dataclass
 class Contenders:
-    """The trained models of one source; equal_flops None when over the cap (why in `notes`)."""
+    """The trained models of one source and training seed, and their scores (each contender
+    scored in the job that trained it, ltm.study.scoring); equal_flops None when over the cap
+    (why in `notes`)."""
 
     latent: LTM
     plain: LTM
@@ -83,6 +80,12 @@ class Contenders:
     params: dict[str, int]
     train_loss: dict[str, float]
     notes: list[str]
+    # suffix NLL per sequence (N,) under every name the contenders provide (latent, shuffled,
+    # plain, dynamic, shared, plain_equal_flops)
+    scores: dict = dataclasses.field(default_factory=dict)
+    dynamic: dict | None = None  # dynamic evaluation's chosen step size
+    curves: list[dict] | None = None  # the first seed's latent model only
+    bounds: dict | None = None  # ... and its published-vs-honest bounds per sequence
 
 
 def _schedule(cfg: StudyConfig, steps: int) -> TrainConfig:
@@ -166,17 +169,19 @@ def build_contender(name: str, plan: Plan, cfg: StudyConfig, device: torch.devic
 
 
 def train_contender(name: str, plan: Plan, source: StudySource, cfg: StudyConfig,
-                    progress: bool = False) -> tuple[dict, float, float]:
-    """Build and train one contender: (its weights on the CPU, training loss, seconds). The
-    global generator (the inner loop's noise) is seeded here: the result does not depend on
-    what ran before in the process."""
+                    progress: bool = False, first_seed: bool = True
+                    ) -> tuple[dict, float, float, Scored]:
+    """Build, train and score one contender: (its weights on the CPU, training loss, seconds
+    training and scoring, its scores). The global generator (the inner loop's noise) is seeded
+    here: the result does not depend on what ran before in the process."""
     start = time.perf_counter()
     module = build_contender(name, plan, cfg, source.val_x.device)
     torch.manual_seed(cfg.seed)
     loss = train_model(module, source, cfg, plan.steps[name], f"study {source.name}: {LABELS[name]}",
                        progress)
+    scored = score_contender(name, module, source, cfg, first_seed)
     weights = {k: v.cpu() for k, v in module.state_dict().items()}
-    return weights, loss, time.perf_counter() - start
+    return weights, loss, time.perf_counter() - start, scored
 
 
 def seed_configs(cfg: StudyConfig) -> list[StudyConfig]:
@@ -189,19 +194,21 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
                      say=print) -> list[Contenders]:
     """For each training seed (seed_configs): the latent model, the parameter-matched plain
     model, the shared-latents model (all for cfg.steps batches) and the plain model at the latent
-    model's training FLOPs; side by side on a CPU (study.workers processes)."""
+    model's training FLOPs, each trained and scored in one job; side by side on a CPU
+    (study.workers processes), the first seed's latent model (the longest job: it also draws the
+    curves) first."""
     plan, device = plan_contenders(source, cfg), source.val_x.device
     jobs = [(name, plan, source, seeded) for seeded in seed_configs(cfg) for name in plan.names]
     workers = cpu_workers(cfg.workers, len(jobs), device)
 
     def report(index: int, result: tuple) -> None:
         name, seed = jobs[index][0], jobs[index][3].seed
-        say(f"study {source.name}: {LABELS[name]} (seed {seed}): {plan.steps[name]} steps in "
-            f"{result[2]:.0f} s, training loss {result[1]:.3f}")
+        say(f"study {source.name}: {LABELS[name]} (seed {seed}): {plan.steps[name]} steps and "
+            f"scoring in {result[2]:.0f} s, training loss {result[1]:.3f}")
 
     # the source travels to the workers on the CPU; a GPU run stays in this process
-    results = run_jobs(train_contender, [(*job, progress and workers == 1) for job in jobs],
-                       workers, report)
+    results = run_jobs(train_contender, [(*job, progress and workers == 1, job[3].seed == cfg.seed)
+                                         for job in jobs], workers, report)
     notes = [] if "plain_equal_flops" in plan.names else [
         f"plain at equal training FLOPs skipped: needs {plan.steps['plain_equal_flops']} steps, "
         f"over study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
@@ -215,8 +222,9 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
 def _assembled(plan: Plan, cfg: StudyConfig, device: torch.device, results: list[tuple],
                notes: list[str]) -> Contenders:
     """One seed's Contenders from its trained weights (in plan.names' order)."""
-    trained = {}
-    for name, (weights, _, _) in zip(plan.names, results):
+    trained, scores = {}, {}
+    for name, (weights, _, _, scored) in zip(plan.names, results):
+        scores.update(scored.scores)
         trained[name] = build_contender(name, plan, cfg, device)
         trained[name].load_state_dict(weights)
         trained[name].eval()
@@ -225,4 +233,7 @@ def _assembled(plan: Plan, cfg: StudyConfig, device: torch.device, results: list
               "shared": non_embedding_params(trained["shared"])}
     return Contenders(unwrap("latent"), unwrap("plain"), trained["shared"], unwrap("plain_equal_flops"),
                       plan.steps["plain_equal_flops"], params,
-                      {n: r[1] for n, r in zip(plan.names, results)}, notes)
+                      {n: r[1] for n, r in zip(plan.names, results)}, notes, scores,
+                      results[plan.names.index("plain")][3].dynamic,
+                      results[plan.names.index("latent")][3].curves,
+                      results[plan.names.index("latent")][3].bounds)

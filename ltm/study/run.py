@@ -15,10 +15,7 @@ import torch
 
 from ltm.data.cache import DataConfig, read_meta
 from ltm.params import ParamsError, load_section
-from ltm.study.contenders import Contenders, latent_config, seed_configs, train_contenders
-from ltm.study.scores import (bound_curve, dynamic_suffix_nll, own_and_shuffled_suffix_nll,
-                              prefix_posterior_sample, published_and_honest_bounds, suffix_nll,
-                              with_init)
+from ltm.study.contenders import train_contenders
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
 from ltm.study.verdict import mean_se, mean_se_over_seeds, paired, paired_over_seeds, verdict
@@ -31,49 +28,13 @@ CONTROLS = {"plain": "the plain model with as many parameters (equal tokens)",
             "dynamic": "dynamic evaluation of the plain model"}
 
 
-def _score(c: Contenders, source: StudySource, cfg: StudyConfig, say) -> tuple[dict, dict]:
-    """Suffix NLL per sequence (N,) of every model and control; the dynamic evaluation's lr."""
-    x, y, p = source.val_x, source.val_y, source.prefix_len
-    latent = latent_config(cfg)
-    fitted = prefix_posterior_sample(c.latent, latent, p, cfg.inner_steps, cfg.seed)
-    own, shuffled = own_and_shuffled_suffix_nll(c.latent, x, y, p, fitted)
-    scores = {"latent": own, "shuffled": shuffled,
-              "plain": suffix_nll(c.plain, x, y, p),
-              "shared": suffix_nll(c.shared.model, x, y, p, lambda xb, yb: c.shared.latents(len(xb)))}
-    if c.equal_flops is not None:
-        scores["plain_equal_flops"] = suffix_nll(c.equal_flops, x, y, p)
-    dynamic = {}
-    if cfg.inner_steps > 0:
-        say(f"study {source.name}: dynamic evaluation, {cfg.inner_steps} steps, lr {cfg.dynamic_lrs}")
-        runs = {lr: dynamic_suffix_nll(c.plain, x, y, p, cfg.inner_steps, lr) for lr in cfg.dynamic_lrs}
-        best = min(runs, key=lambda lr: float(runs[lr].mean()))
-        scores["dynamic"] = runs[best]
-        dynamic = {"lr": best, "steps": cfg.inner_steps,
-                   "by_lr": {str(lr): float(v.mean()) for lr, v in runs.items()}}
-    return {k: v.numpy() for k, v in scores.items()}, dynamic
-
-
-def _curves(c: Contenders, source: StudySource, cfg: StudyConfig) -> list[dict]:
-    """The bound by inference steps: the encoder's start, and the cold starts."""
-    x, y = source.val_x[:cfg.curve_sequences], source.val_y[:cfg.curve_sequences]
-    latent = latent_config(cfg)
-    encoder_steps = sorted(set(cfg.encoder_curve) | {cfg.inner_steps})
-    rows = bound_curve(c.latent, latent, x, y, encoder_steps, cfg.seed)
-    for init in ("authors", "prior"):
-        rows += bound_curve(c.latent, with_init(latent, init), x, y, sorted(cfg.cold_curve), cfg.seed)
-    return rows
-
-
-def published_beside_ours(c: Contenders, source: StudySource, cfg: StudyConfig,
-                          suffix: dict) -> dict:
-    """The latent model's numbers side by side on the curve's sequences: the bound as the LTM
-    authors report it (q and its noise fitted to the scored text), the honest bound (fresh
-    noise), IWAE with 64 samples, and the suffix NLL given the prefix (the study's score, on all
-    scored sequences); `optimism`: honest - published, paired."""
-    x, y = source.val_x[:cfg.curve_sequences], source.val_y[:cfg.curve_sequences]
-    bounds = {k: v.numpy() for k, v in published_and_honest_bounds(
-        c.latent, latent_config(cfg), x, y, cfg.inner_steps, cfg.seed).items()}
-    return {"sequences": len(x), "steps": cfg.inner_steps,
+def published_beside_ours(bounds: dict, sequences: int, cfg: StudyConfig, suffix: dict) -> dict:
+    """The latent model's numbers side by side on the curve's sequences (raw per-sequence bounds
+    from ltm.study.scoring.raw_bounds): the bound as the LTM authors report it (q and its noise
+    fitted to the scored text), the honest bound (fresh noise), IWAE with 64 samples, and the
+    suffix NLL given the prefix (the study's score, on all scored sequences); `optimism`: honest
+    - published, paired."""
+    return {"sequences": sequences, "steps": cfg.inner_steps,
             "published_bound": mean_se(bounds["reused_noise"]),
             "honest_bound": mean_se(bounds["fresh_noise"]), "iwae_64": mean_se(bounds["iwae"]),
             "suffix_given_prefix": suffix,
@@ -112,9 +73,7 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
     latent model."""
     start = time.perf_counter()
     runs = train_contenders(source, cfg, progress, say)
-    say(f"study {source.name}: scoring {len(source.val_x)} sequences, {len(runs)} seeds")
-    scored = [_score(c, source, seeded, say) for c, seeded in zip(runs, seed_configs(cfg))]
-    scores = {k: np.stack([s[k] for s, _ in scored]) for k in scored[0][0]}  # (S, N) each
+    scores = {k: np.stack([c.scores[k] for c in runs]) for k in runs[0].scores}  # (S, N) each
     first = runs[0]
     out = {"sequences": len(source.val_x), "seeds": len(runs), "receptive_field": receptive_field(cfg),
            "device": torch.cuda.get_device_name(source.val_x.device)
@@ -123,7 +82,7 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
            "train_loss_last10pct": {k: float(np.mean([c.train_loss[k] for c in runs]))
                                     for k in first.train_loss},
            "equal_flops_steps": first.equal_flops_steps,
-           "dynamic_evaluation": [d for _, d in scored],
+           "dynamic_evaluation": [c.dynamic or {} for c in runs],
            "suffix_nll": {k: mean_se_over_seeds(v) for k, v in scores.items()},
            "gain_over": {k: paired_over_seeds(v, scores["latent"])
                          for k, v in scores.items() if k != "latent"}}
@@ -131,10 +90,10 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
         out["suffix_nll"]["exact"] = mean_se(source.exact)
         out["suffix_nll"]["window_floor"] = mean_se(source.floor)
         out["gap_to_exact"] = {k: mean_se_over_seeds(v - source.exact) for k, v in scores.items()}
-    out["curves"] = _curves(first, source, cfg)
+    out["curves"] = first.curves
     out["encoder_buys"] = encoder_buys(out["curves"], cfg.inner_steps)
     out["published_beside_ours"] = published_beside_ours(
-        first, source, cfg, mean_se(scores["latent"][0]))
+        first.bounds, min(cfg.curve_sequences, len(source.val_x)), cfg, mean_se(scores["latent"][0]))
     out["verdict"] = verdict(source.name, out["gain_over"], CONTROLS)
     out["notes"] = first.notes
     out["seconds"] = time.perf_counter() - start

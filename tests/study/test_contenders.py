@@ -73,6 +73,16 @@ def test_the_contenders_are_trained_the_same_in_worker_processes_as_here():
             assert abs(b.train_loss[name] - loss) < 1e-4, name
         for wa, wb in zip(a.latent.state_dict().values(), b.latent.state_dict().values()):
             torch.testing.assert_close(wa, wb, rtol=1e-4, atol=1e-5)
+        # ... and scored alike where they trained: every control, per sequence
+        assert set(a.scores) == set(b.scores) == {"latent", "shuffled", "plain", "dynamic",
+                                                  "shared", "plain_equal_flops"}
+        for name, per_sequence in a.scores.items():
+            assert per_sequence.shape == (len(src.val_x),)
+            torch.testing.assert_close(torch.as_tensor(b.scores[name]), torch.as_tensor(per_sequence),
+                                       rtol=1e-4, atol=1e-5)
+    # the curves and raw bounds: the first seed's latent model only
+    assert here[0].curves and set(here[0].bounds) == {"reused_noise", "fresh_noise", "iwae"}
+    assert here[1].curves is None and here[1].bounds is None
     assert sorted(line.split(":")[1].strip() for line in said) == sorted(
         f"{label} (seed {seed})" for seed in (0, 1)
         for label in ("latent", "plain", "shared z", "plain, equal FLOPs"))
