@@ -2,6 +2,7 @@
 flash-linear-attention (when installed) and causal SDPA, forward and forward+backward.
 
     python -m ltm.bench.kernels --out records/bench/kernels-gpu.json
+    python -m ltm.bench.kernels --tune [--out PATH]    # the table of model.kernel auto (tune.py)
 
 Every time is the median of `triton.testing.do_bench` on the GPU (a host-clock median on the CPU,
 where only the token loop, the torch chunk form and SDPA run, at tiny shapes, in float32). Each row
@@ -345,25 +346,36 @@ def environment() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("gpu/results/kernels.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default gpu/results/kernels.json (--tune: gpu/results/kernel-table.json)")
     parser.add_argument("--shapes", type=str, default=None,
                         help="semicolon-separated B,T,H,D shapes (default: the GPU set, or a tiny CPU one)")
-    parser.add_argument("--ops", type=str, default=",".join(OPS))
+    parser.add_argument("--ops", type=str, default=None,
+                        help=f"default {','.join(OPS)}; with --tune: see ltm.bench.tune")
     parser.add_argument("--impls", type=str, default="",
                         help=f"comma-separated subset of {','.join(IMPLS)} (default: all present)")
     parser.add_argument("--naive-tokens", type=int, default=None)
     parser.add_argument("--grid", action="store_true",
                         help="the issue-18 grid (GRID_SHAPES; RWKV7_GRID_SHAPES for rwkv7), ours and "
                              "fla only, with a per-shape table of x_fla and the ratios to the floor")
+    parser.add_argument("--tune", action="store_true",
+                        help="time the candidates of model.kernel auto and write its table (a GPU only)")
     args = parser.parse_args(argv)
+    if args.tune:
+        # ltm.bench.tune imports this module; loaded by name here, so that the benchmark stage,
+        # which imports this module and never tunes, does not run it (its dvc.yaml deps are
+        # exactly what it runs)
+        importlib.import_module("ltm.bench.tune").command(args.ops, args.shapes, args.out)
+        return
     on_gpu = torch.cuda.is_available()
     shapes = ([[int(n) for n in s.split(",")] for s in args.shapes.split(";")] if args.shapes
               else GRID_SHAPES if args.grid else GPU_SHAPES if on_gpu else [[1, 128, 2, 32]])
     impls = [name for name in args.impls.split(",") if name] or (["triton", "fla"] if args.grid else [])
-    cfg = KernelBenchConfig(shapes=shapes, ops=args.ops.split(","), impls=impls,
+    cfg = KernelBenchConfig(shapes=shapes, ops=(args.ops or ",".join(OPS)).split(","), impls=impls,
                             naive_tokens=args.naive_tokens or (512 if on_gpu else 64),
                             dtype="bfloat16" if on_gpu else "float32")
     print(json.dumps(environment()), flush=True)
+    args.out = args.out or Path("gpu/results/kernels.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     # one op at a time, the JSON rewritten after each, so a run cut short keeps what it measured

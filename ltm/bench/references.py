@@ -22,8 +22,10 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
+from ltm.ops.auto import FLA_BACKENDS
+
 # fla's environment switches of its optional backends; "0" turns one off
-BACKEND_SWITCHES = ("FLA_FLASH_QLA", "FLA_TILELANG")
+BACKEND_SWITCHES = tuple(FLA_BACKENDS.values())
 TRITON_PATH = {name: "0" for name in BACKEND_SWITCHES}
 
 
@@ -155,8 +157,7 @@ def references(op: str) -> tuple[Reference, ...]:
 
 def installed_backends() -> dict[str, bool]:
     """Whether each optional backend package fla can dispatch to is importable here."""
-    return {package: importlib.util.find_spec(package) is not None
-            for package in ("flash_qla", "tilelang")}
+    return {package: importlib.util.find_spec(package) is not None for package in FLA_BACKENDS}
 
 
 def add_errors(mine: Callable, paths: dict, x: dict, row: dict) -> None:

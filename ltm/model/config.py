@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import Literal
 
+from ltm.ops import KERNEL_CHOICES
 from ltm.ops.titans.memory import TRITON_CHUNK_SIZES
 from ltm.params import check
 
@@ -31,8 +32,9 @@ class ModelConfig:
     # attention only: each token sees itself and window - 1 earlier tokens; null = all
     window: int | None = None
     # implementation of the linear recurrences: naive (token by token), torch (chunked),
-    # triton (our kernels) or fla (flash-linear-attention, if installed)
-    kernel: Literal["naive", "torch", "triton", "fla"] = "torch"
+    # triton (our kernels), fla (flash-linear-attention, if installed) or auto (per op and shape,
+    # the fastest of triton and fla measured on this GPU, ltm/ops/auto.py; torch on a CPU)
+    kernel: Literal["naive", "torch", "triton", "fla", "auto"] = "torch"
     # tokens per chunk of the chunked forms
     chunk_size: int = 64
     # deltanet and titans: depthwise causal convolution of width conv_size on q, k, v
@@ -102,8 +104,8 @@ class ModelConfig:
               f"must be >= 1 or null, got {self.window}")
         check(self.window is None or self.mixer == "attention", "window",
               f"applies to mixer 'attention' only, set it to null for mixer {self.mixer!r}")
-        check(self.kernel in ("naive", "torch", "triton", "fla"), "kernel",
-              f"expected 'naive', 'torch', 'triton' or 'fla', got {self.kernel!r}")
+        check(self.kernel in KERNEL_CHOICES, "kernel",
+              f"expected 'naive', 'torch', 'triton', 'fla' or 'auto', got {self.kernel!r}")
         check(self.chunk_size >= 1, "chunk_size", f"must be >= 1, got {self.chunk_size}")
         check(self.conv_size >= 2, "conv_size", f"must be >= 2, got {self.conv_size}")
         check(not self.hierarchical or self.mixer == "deltanet", "hierarchical",

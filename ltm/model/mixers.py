@@ -12,7 +12,8 @@ filled at once), T == 1 is one decoding step (the step form, or one query agains
 The linear mixers reach their recurrence through the op entry points `ltm.ops.delta_rule` and
 `ltm.ops.rwkv7` (a sequence form and a one-token form each), which pick the implementation named by
 `model.kernel`: the token-by-token reference (`naive`), the chunked PyTorch form (`torch`), our
-Triton kernels (`triton`) or flash-linear-attention (`fla`). This module holds the layers' maths.
+Triton kernels (`triton`), flash-linear-attention (`fla`) or, per call, the faster of the last two
+as measured on this GPU (`auto`). This module holds the layers' maths.
 """
 from __future__ import annotations
 
@@ -186,6 +187,13 @@ class ShortConv(nn.Module):
         # tens of ms per call for T = 1 decoding steps and float64
         y = sum(x[:, j:j + T] * weight[j] for j in range(self.conv_size))
         return F.silu(y), x[:, -(self.conv_size - 1):].transpose(1, 2)
+
+
+def fused_conv_runs(kernel: str, fused_conv: bool, device: torch.device) -> bool:
+    """Whether a training step takes the fused convolution (`model.fused_conv`): with our kernels,
+    and under auto on a GPU: the convolution is no op auto measures, and without a measurement
+    auto takes ours."""
+    return fused_conv and (kernel == "triton" or (kernel == "auto" and device.type == "cuda"))
 
 
 def convolved_qkv(qkv: torch.Tensor, conv: ShortConv | None, state: dict | None, n_heads: int,
@@ -373,7 +381,7 @@ class DeltaNet(nn.Module):
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
         qkv, gates = self._project(x)
-        fused = self.kernel == "triton" and self.fused_conv
+        fused = fused_conv_runs(self.kernel, self.fused_conv, x.device)
         q, k, v, conv_state = convolved_qkv(qkv, self.conv, state, H, fused)
         gate, beta, g, mix, _ = gates.split(self.gate_widths, dim=-1)
         # (B, T, n_states)

@@ -20,7 +20,9 @@ the learned initial ones. So an all-zero state is the state before the first tok
 other mixers, and the static-cache decoder (ltm/model/decoding.py) zeroes, copies rows and
 captures steps of it like any other. With model.kernel
 torch the memory runs in chunks (its mini-batch is model.titans_chunk_size, part of the function);
-naive is the token loop; fla only for the linear memory with titans_chunk_size 1 and no clipping.
+naive is the token loop; fla only for the linear memory with titans_chunk_size 1 and no clipping;
+auto triton where it runs, else (`ltm.ops.auto`) the faster measured of fla and torch in fla's case,
+else torch.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ltm.model.config import ModelConfig
-from ltm.model.mixers import Attention, ShortConv, convolved_qkv, state_dtype
+from ltm.model.mixers import Attention, ShortConv, convolved_qkv, fused_conv_runs, state_dtype
 from ltm.ops.titans import TitansState, titans_memory, titans_memory_one_token
 
 # initial values of the sigmoid gates: small steps, little forgetting, weak momentum. Momentum
@@ -105,7 +107,7 @@ class Titans(nn.Module):
         the convolution's (both None without a `state`, the flat generation dict)."""
         B, T, C = x.shape
         H, D = self.n_heads, self.head_dim
-        fused = self.kernel == "triton" and self.fused_conv
+        fused = fused_conv_runs(self.kernel, self.fused_conv, x.device)
         q, k, v, conv_state = convolved_qkv(self.qkv(x), self.conv, state, H, fused)
         memory_state = None if state is None else self._unpack(state)
         # (B, T, H) each

@@ -10,6 +10,9 @@ the implementation with a plain `if`:
     triton   our Triton kernels, `ltm.kernels.<op>` (the kernels/ folder)
     fla      flash-linear-attention, when installed (one token: the PyTorch step); its float32
              products are TF32, about 1e-3 off the token loop (H100, fla-core 0.6.0)
+    auto     per call, the one of triton and fla measured fastest for the call's shape class on
+             this device, among those computing the call's function (`ltm.ops.auto`); torch off
+             CUDA
 
 The Triton and fla modules are imported on first use, in one helper per op (`_lazy_path`).
 """
@@ -17,17 +20,21 @@ from __future__ import annotations
 
 import importlib.util
 
+# the implementations; "auto" names no implementation of its own but picks one of them per call
 KERNELS = ("naive", "torch", "triton", "fla")
+KERNEL_CHOICES = KERNELS + ("auto",)
 
 
 def unknown_kernel(kernel: str) -> ValueError:
-    """The one-line error for a kernel name that is none of KERNELS."""
-    return ValueError(f"kernel: unknown kernel {kernel!r}, expected one of {', '.join(KERNELS)}")
+    """The one-line error for a kernel name that is none of KERNEL_CHOICES."""
+    return ValueError(f"kernel: unknown kernel {kernel!r}, expected one of "
+                      f"{', '.join(KERNEL_CHOICES)}")
 
 
 def check_kernel(kernel: str) -> None:
-    """Raise a one-line error unless `kernel` names an implementation that can run here."""
-    if kernel not in KERNELS:
+    """Raise a one-line error unless `kernel` names an implementation that can run here (or
+    "auto", which never picks one that cannot)."""
+    if kernel not in KERNEL_CHOICES:
         raise unknown_kernel(kernel)
     # the Triton kernels need no check: Triton is a dependency (its interpreter runs them on CPU)
     if kernel == "fla" and importlib.util.find_spec("fla") is None:

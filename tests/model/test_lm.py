@@ -61,6 +61,8 @@ BAD_CONFIGS = [
     (dict(n_layers=0), "model.n_layers: must be >= 1"),
     (dict(mixer="mamba"), "model.mixer: expected 'attention' or 'rwkv7' or 'deltanet'"),
     (dict(kernel="cuda"), "model.kernel: expected 'naive' or 'torch' or 'triton' or 'fla'"),
+    (dict(kernel="autp"), "model.kernel: expected 'naive' or 'torch' or 'triton' or 'fla' or 'auto', "
+                          "got 'autp'"),
     (dict(window=0), "model.window: must be >= 1 or null"),
     (dict(mixer="rwkv7", window=8), "model.window: applies to mixer 'attention' only"),
     (dict(mixer="attention", hierarchical=True), "model.hierarchical: applies to mixer 'deltanet'"),
@@ -82,6 +84,16 @@ def test_bad_config_is_one_clear_line(mapping, message):
         from_mapping(ModelConfig, mapping, "model")
     assert str(info.value).startswith(message), str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mapping", [dict(kernel="auto", mixer="deltanet"),
+                                     dict(kernel="auto", mixer="rwkv7"),
+                                     # auto picks per call what computes the function: no
+                                     # restriction on the Titans memory, unlike triton and fla
+                                     dict(kernel="auto", mixer="titans", titans_depth=2)])
+def test_kernel_auto_is_accepted(mapping):
+    assert from_mapping(ModelConfig, mapping, "model").kernel == "auto"
+    LTM(from_mapping(ModelConfig, dict(mapping, vocab_size=10), "model"))
 
 
 def test_vocab_size_must_be_set_before_building():

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.model.mixers import (Attention, DeltaNet, RWKV7TimeMix, ShortConv, apply_rope, make_mixer,
-                        rope_tables)
+from ltm.model.mixers import (Attention, DeltaNet, RWKV7TimeMix, ShortConv, apply_rope,
+                              fused_conv_runs, make_mixer, rope_tables)
 from ltm.model.lm import ModelConfig
 from ltm.ops import check_kernel
 from ltm.ops.delta_rule import delta_rule
@@ -201,6 +201,31 @@ def test_missing_fla_is_one_clear_line():
     with pytest.raises(ValueError, match=r"^kernel: 'fla' needs flash-linear-attention") as info:
         check_kernel("fla")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kernel, fused_conv, device, runs", [
+    ("triton", True, "cpu", True), ("triton", False, "cuda", False), ("auto", True, "cuda", True),
+    ("auto", True, "cpu", False), ("auto", False, "cuda", False), ("torch", True, "cuda", False),
+    ("fla", True, "cuda", False)])
+def test_the_fused_convolution_runs_with_ours_and_with_auto_on_a_gpu(kernel, fused_conv, device,
+                                                                     runs):
+    assert fused_conv_runs(kernel, fused_conv, torch.device(device)) is runs
+
+
+@pytest.mark.parametrize("name", sorted(LINEAR_MIXERS))
+def test_kernel_auto_on_the_cpu_is_the_torch_layer(name):
+    """float64, forward and backward: the same numbers as kernel torch (auto's CPU choice)."""
+    mixer = build(LINEAR_MIXERS[name], 3, 8, kernel="torch")
+    x = torch.randn(2, 37, 24, dtype=torch.float64)
+    results = {}
+    for kernel in ("torch", "auto"):
+        mixer.kernel = kernel
+        mixer.zero_grad()
+        xk = x.clone().requires_grad_()
+        y, _ = mixer(xk)
+        y.square().sum().backward()
+        results[kernel] = [y.detach(), xk.grad, *(p.grad.clone() for p in mixer.parameters())]
+    assert all(torch.equal(a, b) for a, b in zip(results["torch"], results["auto"]))
 
 
 @pytest.mark.parametrize("fused_conv", [True, False], ids=["fused", "unfused"])

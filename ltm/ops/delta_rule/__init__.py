@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 
 from ltm.ops import check_kernel, unknown_kernel
+from ltm.ops.auto import AUTO, choose, one_token_kernel
 from ltm.ops.delta_rule.chunk import chunk_delta_rule
 from ltm.ops.delta_rule.naive import naive_delta_rule
 from ltm.ops.delta_rule.step import delta_rule_step
@@ -59,6 +60,10 @@ def delta_rule(
     (the Triton and fla kernels use their own). Returns o [B, T, H, V] in the dtype of v, and the
     final state [B, H, K, V] (float32) when `output_final_state`, else None.
     """
+    if kernel == AUTO:
+        # fla's gated entry takes a g; without one only ours computes the plain delta rule
+        kernel = choose("delta_rule", q, v, (q, k, v, beta, g, initial_state),
+                        candidates=("triton", "fla") if g is not None else ("triton",))
     if kernel == "naive":
         return naive_delta_rule(q, k, v, beta, g, initial_state=initial_state,
                                 output_final_state=output_final_state)
@@ -96,6 +101,8 @@ def delta_rule_one_token(
     Returns o [B, H, V] in the dtype of v and the new state [B, H, K, V] (float32).
     "torch" and "fla" both run `delta_rule_step`: one token is a few small batched matmuls.
     """
+    if kernel == AUTO:
+        kernel = one_token_kernel(v.device)
     if kernel == "naive":
         o, state = naive_delta_rule(q[:, None], k[:, None], v[:, None], beta[:, None], g[:, None],
                                     initial_state=state, output_final_state=True)

@@ -19,13 +19,14 @@ Implementations: `naive_dual_delta_rule` (naive.py, kernel "naive"); `chunk_dual
 (chunk.py, kernels "torch" and "fla", and the variants on every kernel); without variants, kernel
 "triton" runs `ltm.kernels.delta_rule.triton_chunk_delta_rule` with grouped heads: both states of a
 head over one q, k, v in the Triton kernels, no copies (the variants' chunk-level state has no
-Triton kernel).
+Triton kernel). "auto" is "triton" on CUDA (fla has no form of its own here), "torch" elsewhere.
 """
 from __future__ import annotations
 
 import torch
 
 from ltm.ops import check_kernel
+from ltm.ops.auto import AUTO, choose
 from ltm.ops.dual_delta_rule.chunk import chunk_dual_delta_rule
 from ltm.ops.dual_delta_rule.naive import naive_dual_delta_rule
 from ltm.ops.dual_delta_rule.step import (check_variant, dual_delta_rule_step, has_chunk_state,
@@ -66,6 +67,9 @@ def dual_delta_rule(
     the chunk's end, then the chunked form takes the rest."""
     check_kernel(kernel)
     check_variant(fast_read, slow_threshold, chunk_size)
+    if kernel == AUTO:
+        # fla's name runs the chunked PyTorch form here: ours is the only kernel to measure
+        kernel = choose("dual_delta_rule", q, v, (q, k, v, beta, g), candidates=("triton",))
     variant = dict(fast_read=fast_read, slow_threshold=slow_threshold, chunk_size=chunk_size)
     if kernel == "naive":
         o, state = naive_dual_delta_rule(q, k, v, beta, g, state=state, **variant)

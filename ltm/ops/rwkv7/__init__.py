@@ -22,6 +22,7 @@ from types import ModuleType
 import torch
 
 from ltm.ops import check_kernel, unknown_kernel
+from ltm.ops.auto import AUTO, choose, one_token_kernel
 from ltm.ops.rwkv7.chunk import chunk_rwkv7
 from ltm.ops.rwkv7.naive import naive_rwkv7
 from ltm.ops.rwkv7.step import rwkv7_step
@@ -65,6 +66,9 @@ def rwkv7(
     RWKV7_MAX_CHUNK (the Triton and fla kernels use their own). Returns o [B, T, H, V] in the
     dtype of v, and the final state [B, H, K, V] (float32) when `output_final_state`, else None.
     """
+    if kernel == AUTO:
+        kernel = choose("rwkv7", r, v, (r, w, k, v, a, b, initial_state),
+                        candidates=("triton", "fla"))
     if kernel == "naive":
         return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state)
@@ -106,6 +110,8 @@ def rwkv7_one_token(
     o [B, H, V] in the dtype of v and the new state [B, H, K, V] (float32).
     "torch" and "fla" both run `rwkv7_step`: one token is a few small batched matmuls.
     """
+    if kernel == AUTO:
+        kernel = one_token_kernel(v.device)
     if kernel == "naive":
         o, state = naive_rwkv7(*(x[:, None] for x in (r, w, k, v, a, b)),
                                initial_state=state, output_final_state=True)

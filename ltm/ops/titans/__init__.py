@@ -48,6 +48,9 @@ Implementations: `naive_titans_memory` (naive.py, autograd per token), `chunk_ti
             [0.8, 1), alpha < 0.05) it was 1e-4 (float32) and 1e-2 (bfloat16) off the token loop,
             T = 150 (CPU, fla-core 0.6.0); with eta down to 0.05, up to 1e-1 (float32, T = 70),
             while its token-loop reference stayed at 1e-7: the same function, poorer numerics.
+    auto    (`ltm.ops.auto`) among the implementations that compute the call's function: triton
+            where it runs (then it is the only one), fla or torch in fla's exact case, else torch.
+            One token: the step.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ from typing import Sequence
 import torch
 
 from ltm.ops import check_kernel, unknown_kernel
+from ltm.ops.auto import AUTO, choose
 from ltm.ops.titans.chunk import chunk_titans_memory
 from ltm.ops.titans.memory import TRITON_CHUNK_SIZES, TitansState, check_inputs, init_titans_state
 from ltm.ops.titans.naive import naive_titans_memory
@@ -101,6 +105,16 @@ def _fla_titans(q, k, v, theta, alpha, eta, weights, initial_state, output_final
         return o.to(v.dtype), None
     W, M = final[0], final[1]
     return o.to(v.dtype), TitansState((W,), (-M,), (W,), state.pos + q.shape[1])
+
+
+def _auto_candidates(weights, chunk_size: int, grad_clip: float | None,
+                     dtype: torch.dtype) -> tuple[str, ...]:
+    """The implementations that compute this call's function (`_check_triton`, `_check_fla`):
+    their cases do not overlap, and torch computes every one."""
+    if len(weights) == 1 and chunk_size in TRITON_CHUNK_SIZES:
+        return ("triton",)
+    exact = len(weights) == 1 and chunk_size == 1 and grad_clip is None
+    return ("fla", "torch") if exact and dtype in (torch.bfloat16, torch.float16) else ("torch",)
 
 
 def _lazy_kernels() -> ModuleType:
@@ -174,6 +188,9 @@ def titans_memory(
     """
     options = dict(chunk_size=chunk_size, grad_clip=grad_clip, initial_state=initial_state,
                    output_final_state=output_final_state)
+    if kernel == AUTO:
+        kernel = choose("titans", q, v, (q, k, v, theta, alpha, eta, *weights),
+                        candidates=_auto_candidates(weights, chunk_size, grad_clip, v.dtype))
     if kernel == "naive":
         return naive_titans_memory(q, k, v, theta, alpha, eta, weights, **options)
     if kernel == "torch":
@@ -206,8 +223,8 @@ def titans_memory_one_token(
     """One decoding step of the Titans memory by the implementation `kernel` names.
 
     q, k: [B, H, K]; v: [B, H, V]; theta, alpha, eta: [B, H]; state: a TitansState or None (the
-    initial weights). Returns o [B, H, V] in the dtype of v and the new state. "torch", "triton"
-    and "fla" all run `titans_memory_step` (one token is a few small batched matmuls; it also serves the
+    initial weights). Returns o [B, H, V] in the dtype of v and the new state. "torch", "triton",
+    "fla" and "auto" all run `titans_memory_step` (one token is a few small batched matmuls; it also serves the
     deep memory and any chunk_size, which fla's op does not).
     """
     if kernel == "naive":
@@ -216,7 +233,7 @@ def titans_memory_one_token(
             weights, chunk_size=chunk_size, grad_clip=grad_clip, initial_state=state,
             output_final_state=True)
         return o[:, 0], state
-    if kernel in ("torch", "triton", "fla"):
+    if kernel in ("torch", "triton", "fla", AUTO):
         return titans_memory_step(q, k, v, theta, alpha, eta, weights, state,
                                   chunk_size=chunk_size, grad_clip=grad_clip)
     raise unknown_kernel(kernel)
