@@ -169,8 +169,19 @@ def train_section(results_dir: Path, plots_dir: Path) -> Section:
         name = f"{metrics.get('mixer', 'model')}, {metrics.get('optimizer', 'adamw')}"
         figures.append(time_to_loss_figure({name: val.to_dict("records")},
                                            metrics.get("target_loss")))
-    table = pd.DataFrame([{"metric": k, "value": metrics[k]} for k in TRAIN_KEYS if k in metrics])
-    return Section("Training", [table], figures)
+    rows = [{"metric": k, "value": metrics[k]} for k in TRAIN_KEYS if k in metrics]
+    if metrics.get("kernel_choices"):
+        # kernel auto: the implementation each op ran, per shape class
+        rows.insert(2, {"metric": "kernel_choices",
+                        "value": kernel_choices_line(metrics["kernel_choices"])})
+    return Section("Training", [pd.DataFrame(rows)], figures)
+
+
+def kernel_choices_line(choices: list[dict]) -> str:
+    """kernel auto's choices (ltm.ops.auto.chosen) as one line: "delta_rule training bfloat16
+    D128 T<=2048 BH/SM 0.25-1: triton; ..."."""
+    return "; ".join(f"{c['op']} {c['pass']} {c['dtype']} D{c['D']} T{c['T']} BH/SM "
+                     f"{c['bh_per_sm']}: {c['impl']}" for c in choices)
 
 
 # the comparison table's columns in the report, and their headers

@@ -28,6 +28,7 @@ from ltm.train.float8 import convert_fp8
 from ltm.train.time_to_target import time_to_target
 from ltm.train.objective import LossModel
 from ltm.model.lm import LTM, ModelConfig
+from ltm.ops.auto import chosen as kernel_choices
 from ltm.params import to_dict
 from ltm.train.checkpoint import seed_everything
 from ltm.train.optimizers import make_optimizer
@@ -358,6 +359,8 @@ class Trainer:
                      if self.source == "synthetic" else self.source),
             "device": device_name, "world_size": self.world, "mixer": self.model_cfg.mixer,
             "kernel": self.model_cfg.kernel, "n_latent": self.model_cfg.n_latent,
+            # kernel auto: what it ran per op and shape class (every choice of this process so far)
+            **({"kernel_choices": kernel_choices()} if self.model_cfg.kernel == "auto" else {}),
             # with latents every step also runs latent_steps forward + backward passes of the
             # inner loop, which tokens/s includes and flops_per_token (hence MFU) does not
             "latent_steps": self.cfg.latent.steps if self.model_cfg.n_latent else 0,

@@ -123,6 +123,18 @@ def test_training_section_plots_validation_loss_against_the_training_clock(tmp_p
     assert list(by_tokens.lines[0].get_xdata()) == [100, 200]
 
 
+def test_the_training_table_says_what_kernel_auto_ran(tmp_path):
+    choice = {"op": "delta_rule", "pass": "training", "dtype": "bfloat16", "D": 128,
+              "T": "<=2048", "bh_per_sm": "0.25-1", "impl": "fla", "why": "fastest in h100.json"}
+    (tmp_path / "train.json").write_text(json.dumps(
+        {"mixer": "deltanet", "kernel": "auto", "val_loss": 5.0, "kernel_choices": [choice]}))
+    (table,) = train_section(tmp_path, tmp_path).tables
+    assert table["metric"].tolist() == ["mixer", "kernel", "kernel_choices", "val_loss"]
+    assert table["value"][2] == "delta_rule training bfloat16 D128 T<=2048 BH/SM 0.25-1: fla"
+    (tmp_path / "train.json").write_text(json.dumps({"kernel": "triton", "val_loss": 5.0}))
+    assert "kernel_choices" not in train_section(tmp_path, tmp_path).tables[0]["metric"].tolist()
+
+
 def test_the_kernel_history_is_the_grid_summary_and_one_row_per_record():
     from pathlib import Path
     records = Path(__file__).resolve().parents[2] / "records" / "bench"

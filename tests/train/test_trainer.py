@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import os
@@ -103,6 +104,20 @@ def test_a_short_run_learns_and_writes_metrics_and_curves(cache_dir, tmp_path):
     assert m["mfu"] is None and 0 <= m["data_wait_fraction"] < 1 and m["peak_memory_mib"] > 0
     assert m["params"] > m["params_non_embedding"] > 0
     assert (tmp_path / "ckpt" / ckpt.CHECKPOINT_FILE).is_file()
+
+
+def test_kernel_auto_records_what_each_op_ran(cache_dir, tmp_path):
+    """On the CPU auto runs the chunked PyTorch form; the metrics say so per op and class."""
+    model_cfg, cfg = tiny("deltanet", steps=2)
+    model_cfg = dataclasses.replace(model_cfg, kernel="auto")
+    choices = run_training(model_cfg, cfg, cache_dir, str(tmp_path / "ckpt"),
+                           progress=False).metrics["kernel_choices"]
+    ops = {(c["op"], c["pass"], c["T"], c["impl"]) for c in choices}
+    assert ("delta_rule", "training", "<=512", "torch") in ops
+    assert all(c["impl"] == "torch" and c["why"] == "not on CUDA" for c in choices)
+    plain = run_training(tiny("deltanet", steps=2)[0], cfg, cache_dir, str(tmp_path / "plain"),
+                         progress=False)
+    assert "kernel_choices" not in plain.metrics
 
 
 def test_gradient_accumulation_equals_one_big_batch(cache_dir, tmp_path):
