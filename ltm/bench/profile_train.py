@@ -25,12 +25,13 @@ from ltm.params import from_mapping, read_params
 STEPS = 5
 
 
-def build(mixer: str) -> tuple[LTM, torch.optim.Optimizer]:
-    """The GPU profile's model with `mixer` on the GPU, and its fused AdamW."""
+def build(mixer: str, overrides: dict | None = None) -> tuple[LTM, torch.optim.Optimizer]:
+    """The GPU profile's model with `mixer` (and the model settings in `overrides`) on the GPU,
+    and its fused AdamW."""
     # "hierarchical": the hierarchical DeltaNet, both states in the Triton kernel (hier_op dual)
     extra = {"hierarchical": {"mixer": "deltanet", "hierarchical": True, "hier_op": "dual"},
              "titans": {"mixer": "titans", "titans_depth": 1}}.get(mixer, {"mixer": mixer})
-    section = dict(read_params(ROOT / "configs" / "gpu.yaml")["model"], **extra)
+    section = {**read_params(ROOT / "configs" / "gpu.yaml")["model"], **extra, **(overrides or {})}
     model = LTM(from_mapping(ModelConfig, section, "model")).cuda()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
