@@ -65,7 +65,7 @@ COLUMNS = ("triton", "torch", "fla_triton", "fla_installed")
 # fla's optional backends (package -> the environment switch that turns it off with "0")
 FLA_BACKENDS = {"flash_qla": "FLA_FLASH_QLA", "tilelang": "FLA_TILELANG"}
 
-# (op, pass, dtype, D, T class, B*H class, device index, candidates) -> the choice made, as recorded
+# (op, pass, dtype, D, T class, B*H class, device type and index, candidates) -> the choice made
 _CHOICES: dict[tuple, dict] = {}
 # device name -> (table or None, its path or None)
 _TABLES: dict[str, tuple[dict | None, str | None]] = {}
@@ -97,6 +97,7 @@ def shape_class(op: str, B: int, T: int, H: int, D: int, dtype: torch.dtype, *, 
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16: the tables' spelling."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -107,8 +108,9 @@ def check_table(table: dict, where: str) -> dict:
     for entry in table.get("entries", ()):
         n = len(entry.get("shapes", ()))
         if any(name not in COLUMNS or len(ms) != n for name, ms in entry.get("ms", {}).items()):
-            raise ValueError(f"{where}: an entry's ms must hold one value per shape for columns "
-                             f"of {COLUMNS}: {entry}")
+            raise ValueError(f"{where}: the ms of entry {entry.get('op')} {entry.get('pass')} "
+                             f"D{entry.get('D')} T{entry.get('T')} must hold one value per shape "
+                             f"for columns of {COLUMNS}")
     return table
 
 

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CUDA = torch.device("cuda")
 GPU_NAME = "Test GPU"
 SMS = 100
+# the SM count's reader, before the fixture below replaces it
+REAL_MULTIPROCESSORS = auto._multiprocessors
 
 
 @pytest.fixture(autouse=True)
@@ -262,6 +264,38 @@ def test_the_choice_is_made_at_trace_time_under_torch_compile(tmp_path, monkeypa
     assert [(c["T"], c["bh_per_sm"], c["impl"]) for c in auto.chosen()] == [
         ("<=2048", "0.25-1", "fla"), ("<=512", "0.25-1", "triton"), ("<=4096", "<0.25", "triton"),
         ("<=2048", "<0.25", "triton")]
+
+
+def test_the_sm_count_is_read_once_per_trace_too(monkeypatch):
+    """The real `_multiprocessors` (marked constant for torch.compile) with a fake device."""
+    monkeypatch.setattr(auto, "_multiprocessors", REAL_MULTIPROCESSORS)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    reads = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: reads.append(index)
+                        or type("Properties", (), {"multi_processor_count": 8})())
+
+    def f(x):
+        kernel = auto.resolve("delta_rule", x.shape[0], 64, 1, 64, torch.bfloat16, CUDA,
+                              training=False, candidates=("triton",))
+        return x + (1 if kernel == "triton" else 2)
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    assert [compiled(torch.zeros(B))[0].item() for B in (1, 4, 8, 40)] == [1, 1, 1, 1]
+    assert reads and set(reads) == {0}
+    assert [c["bh_per_sm"] for c in auto.chosen()] == ["<0.25", "0.25-1", "1-4", ">=4"]
+
+
+def test_auto_adds_no_graph_break(monkeypatch):
+    from ltm.model.config import ModelConfig
+    from ltm.model.mixers import make_mixer
+    counts = {}
+    for kernel in ("torch", "auto"):
+        cfg = ModelConfig(vocab_size=11, n_layers=2, d_model=24, n_heads=3, chunk_size=8,
+                          kernel=kernel, mixer="deltanet")
+        torch._dynamo.reset()
+        report = torch._dynamo.explain(make_mixer(cfg, 1))(torch.randn(2, 37, 24))
+        counts[kernel] = (report.graph_count, report.graph_break_count)
+    assert counts["auto"] == counts["torch"] == (1, 0)
 
 
 # -- the entry points ---------------------------------------------------------------------------
