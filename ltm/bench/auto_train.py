@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("auto_train: needs a CUDA GPU (it times training steps of the GPU profile)")
+        raise SystemExit("auto_train: needs a CUDA GPU "
+                         "(it times training steps of the GPU profile)")
     sync = torch.cuda.synchronize
     rows = measure(args.kernels, args.seq_lens, mixer=args.mixer, heads=args.heads,
                    time_step=lambda fn: per_call_ms(fn, args.steps, warmup=args.warmup, sync=sync))

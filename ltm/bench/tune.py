@@ -119,7 +119,8 @@ def build_table(rows: list[dict], env: dict) -> dict:
         cls = shape_class(row["op"], B, T, H, D, getattr(torch, row["dtype"]),
                           training=row["pass"] == "training", sm_count=env["sm_count"])
         found = by_class.setdefault(tuple(cls.values()), {"class": cls, "shapes": {}, "errors": {}})
-        at = found["shapes"].setdefault(tuple(row["shape"]), {"ms": {}, "source": row.get("source")})
+        at = found["shapes"].setdefault(tuple(row["shape"]),
+                                        {"ms": {}, "source": row.get("source")})
         # do_bench's medians to 0.1 us
         at["ms"][row["column"]] = None if row["ms"] is None else round(row["ms"], 4)
         if row.get("error"):

@@ -11,8 +11,9 @@ Rules, in order:
                                          would run in Triton's interpreter)
     the table for this device (its exact name) has an entry for the call's class -> the fastest of
         the candidates that entry measured (`fastest`)
-    otherwise                         -> "triton" where it is a candidate, else "torch"
-One-token decoding takes the step every kernel of that name uses (`one_token_kernel`).
+    otherwise (or none of them measured at a common shape) -> "triton" where it is a candidate,
+                                         else "torch"
+One-token decoding takes our step kernel on CUDA, the PyTorch step elsewhere (`one_token_kernel`).
 
 fla as installed and fla's own Triton path are one implementation, "fla", told apart by the
 environment: with flash-qla (or tilelang) installed fla hands the gated delta rule at K = V = 128
@@ -30,9 +31,10 @@ LTM_AUTO_TABLE=PATH makes it the first one looked at; the shipped ones are in au
                   "winner": "triton"}]}
 "ms" lists line up with "shapes"; null = not measured there, or it failed ("errors": column ->
 the first error; such a column is never chosen in that entry). "winner" is the fastest over the
-other columns, for a reader; `choose` recomputes it over the columns this process can run. A shape class: op, pass ("training" = forward + backward, "inference" = forward), dtype, the
-head dim D (K = V), T up to the next edge of T_EDGES, and B * H per streaming multiprocessor in
-the buckets of BH_PER_SM_EDGES (how many sequential state passes the kernels run side by side).
+other columns, for a reader; `choose` recomputes it over the columns this process can run.
+A shape class: op, pass ("training" = forward + backward, "inference" = forward), dtype, the head
+dim D (K = V), T up to the next edge of T_EDGES, and B * H per streaming multiprocessor in the
+buckets of BH_PER_SM_EDGES (how many sequential state passes the kernels run side by side).
 
 Every choice is recorded the first time it is made (`chosen`): the train stage writes them to
 its results. Under torch.compile the table lookup runs once per trace
@@ -149,6 +151,7 @@ def table_for(device_name: str) -> tuple[dict | None, str | None]:
 
 
 def fla_installed() -> bool:
+    """Whether flash-linear-attention can be imported here (without importing it)."""
     return importlib.util.find_spec("fla") is not None
 
 
@@ -264,13 +267,14 @@ def choose(op: str, q: torch.Tensor, v: torch.Tensor, inputs: Sequence[torch.Ten
 
 
 def one_token_kernel(device: torch.device) -> str:
-    """One decoding step under auto: our step kernel on CUDA, the PyTorch step elsewhere (one
-    token has no shape classes to measure: its cost is reading the state once)."""
+    """One decoding step under auto: our step kernel on CUDA, the PyTorch step elsewhere (the
+    tables hold sequences only; fla has no step of its own here)."""
     return "triton" if device.type == "cuda" else "torch"
 
 
 def chosen() -> list[dict]:
-    """Every choice made in this process so far, in order: class, candidates, implementation, why."""
+    """Every choice made in this process so far, in order: class, candidates, implementation and
+    why."""
     return [dict(choice) for choice in _CHOICES.values()]
 
 
