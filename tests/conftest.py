@@ -31,3 +31,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# the longest test files, first: under pytest-xdist (a file per worker at a time) a long file that
+# starts last keeps one core busy alone at the end (test_pipeline.py, three dvc repro runs: ~9 min)
+LONGEST_FIRST = ("tests/test_pipeline.py", "tests/kernels/test_kernels_shared_memory.py",
+                 "tests/kernels/test_kernels_delta_rule.py", "tests/kernels/test_kernels_launch_options.py",
+                 "tests/study/test_contenders.py", "tests/bench/test_kernel_grid.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its order
