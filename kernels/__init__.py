@@ -4,6 +4,7 @@ One subpackage per op of `ltm.ops`, with the same forms:
 
     delta_rule/   triton_chunk_delta_rule, triton_delta_rule_step
     rwkv7/        triton_chunk_rwkv7, triton_fused_recurrent_rwkv7, triton_rwkv7_step
+    titans/       triton_chunk_titans_memory (linear), triton_chunk_titans_deep_memory (2 layers)
     short_conv.py short_conv_qkv (DeltaNet's fused input path; no op of its own)
     common.py     input checks and tile helpers shared by all of them
 

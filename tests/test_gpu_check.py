@@ -18,10 +18,10 @@ def load_check():
 
 def test_a_broken_case_is_a_row_and_the_others_still_run(tmp_path, capsys):
     check = load_check()
-    # titans_depth 2 has no Triton kernel: titans fails its config check, deltanet still trains
+    # titans_depth 3 has no Triton kernel: titans fails its config check, deltanet still trains
     rc = check.main(["--tiny", "--no-tests", "--only", "deltanet,titans", "--modes", "eager",
                      "--no-latent", "--steps", "2", "--out", str(tmp_path),
-                     "--set", "model.titans_depth=2"])
+                     "--set", "model.titans_depth=3"])
     record = json.loads((tmp_path / "check.json").read_text())
     rows = {row["case"]: row for row in record["rows"]}
     assert rc == 1

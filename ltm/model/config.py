@@ -10,7 +10,7 @@ import math
 from typing import Literal
 
 from ltm.ops import KERNEL_CHOICES
-from ltm.ops.titans.memory import TRITON_CHUNK_SIZES
+from ltm.ops.titans.memory import triton_chunk_sizes
 from ltm.params import check
 
 
@@ -133,10 +133,12 @@ class ModelConfig:
               f"must be > 0 or null, got {self.titans_grad_clip}")
         if self.mixer != "titans":
             return
-        check(self.kernel != "triton" or (self.titans_depth == 1
-                                          and self.titans_chunk_size in TRITON_CHUNK_SIZES),
-              "kernel", "mixer 'titans' runs Triton only with titans_depth 1 (the linear memory) "
-              f"and titans_chunk_size in {TRITON_CHUNK_SIZES}; use torch")
+        sizes = triton_chunk_sizes(self.titans_depth)
+        check(self.kernel != "triton" or self.titans_chunk_size in sizes, "kernel",
+              "mixer 'titans' runs Triton only with titans_depth 1 and titans_chunk_size in "
+              f"{triton_chunk_sizes(1)} or titans_depth 2 and titans_chunk_size in "
+              f"{triton_chunk_sizes(2)} (got titans_depth {self.titans_depth}, titans_chunk_size "
+              f"{self.titans_chunk_size}); use torch")
         exact = (self.titans_depth == 1 and self.titans_chunk_size == 1
                  and self.titans_grad_clip is None)
         check(self.kernel != "fla" or exact, "kernel",

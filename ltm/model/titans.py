@@ -20,7 +20,8 @@ the learned initial ones. So an all-zero state is the state before the first tok
 other mixers, and the static-cache decoder (ltm/model/decoding.py) zeroes, copies rows and
 captures steps of it like any other. With model.kernel
 torch the memory runs in chunks (its mini-batch is model.titans_chunk_size, part of the function);
-naive is the token loop; fla only for the linear memory with titans_chunk_size 1 and no clipping;
+naive is the token loop; triton the Triton kernels, for titans_depth 1 or 2 (`ltm.ops.titans`);
+fla only for the linear memory with titans_chunk_size 1 and no clipping;
 auto triton where it runs, else (`ltm.ops.auto`) the faster measured of fla and torch in fla's case,
 else torch.
 """

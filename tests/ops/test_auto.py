@@ -388,7 +388,9 @@ def test_the_one_token_forms_take_auto():
     (1, 1, None, torch.bfloat16, ("fla", "torch")),
     (1, 1, None, torch.float32, ("torch",)),     # fla refuses float32
     (1, 1, 1.0, torch.bfloat16, ("torch",)),     # fla has no clipping
-    (2, 16, None, torch.bfloat16, ("torch",)),   # neither runs a deep memory
+    (2, 16, None, torch.bfloat16, ("triton",)),  # the two-layer kernel
+    (2, 64, None, torch.bfloat16, ("torch",)),   # ... takes chunk_size 16 or 32 only
+    (3, 16, None, torch.bfloat16, ("torch",)),   # nothing but torch runs three layers
     (1, 8, None, torch.bfloat16, ("torch",)),
 ])
 def test_titans_offers_only_the_implementations_computing_its_function(depth, chunk, clip, dtype,

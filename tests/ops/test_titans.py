@@ -239,12 +239,37 @@ def test_unknown_kernel_is_one_line_error():
 
 
 @pytest.mark.parametrize("depth, chunk_size, message", [
-    (2, 16, "runs the linear titans memory only"), (1, 8, r"chunk_size in \(16, 32, 64\)")])
+    (3, 16, "runs the titans memory with 1 or 2 layers"), (1, 8, r"chunk_size in \(16, 32, 64\)"),
+    (2, 64, r"runs the 2-layer titans memory with chunk_size in \(16, 32\)")])
 def test_triton_outside_its_kernel_is_one_line_error(depth, chunk_size, message):
     x, weights = make_inputs(1, 3, 1, 4, 4, depth, 0)
     with pytest.raises(ValueError, match=message) as info:
         titans_memory(*x.values(), weights, kernel="triton", chunk_size=chunk_size)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("prefill", [0, 5])
+def test_triton_runs_the_two_layer_memory(prefill):
+    """kernel="triton" with a deep memory (two layers) computes what "torch" computes, from the
+    first token and from a state inside a chunk (float32: the kernels take no float64); auto
+    offers it (on the CPU auto runs torch)."""
+    from ltm.ops.titans import _auto_candidates
+    seed = case_seed()
+    x, weights = make_inputs(2, 21 + prefill, 2, 5, 6, 2, seed, dtype=torch.float32)
+    assert _auto_candidates(weights, 16, 0.5, torch.float32) == ("triton",)
+    def after_prefill(*inputs, kernel, **options):
+        """The tokens after the prefill (by torch), from the state it leaves."""
+        *tensors, weights = inputs
+        state = None
+        if prefill:
+            _, state = titans_memory(*(t[:, :prefill] for t in tensors), weights, kernel="torch",
+                                     **options)
+        return titans_memory(*(t[:, prefill:] for t in tensors), weights, kernel=kernel,
+                             initial_state=state, **options)
+
+    results = [run_with_grads(after_prefill, x, weights, seed, kernel=kernel, chunk_size=16,
+                              grad_clip=0.5) for kernel in ("triton", "torch")]
+    assert_close(*results, seed, bound=1e-5)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fla") is not None, reason="fla is installed")

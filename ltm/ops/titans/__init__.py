@@ -31,8 +31,10 @@ chunk-start weights, float32 (float64 for float64 inputs), and the position.
 Implementations: `naive_titans_memory` (naive.py, autograd per token), `chunk_titans_memory`
 (chunk.py, "torch") and `titans_memory_step` (step.py) in PyTorch.
     triton  `ltm.kernels.titans.triton_chunk_titans_memory`: the linear memory (one layer),
-            chunk_size 16, 32 or 64; a deep memory or another chunk size is a one-line error.
-            The kernel starts at a chunk boundary and returns no chunk-start weights, so the
+            chunk_size 16, 32 or 64; `triton_chunk_titans_deep_memory`: the two-layer memory
+            (SiLU MLP, any hidden width up to 512), chunk_size 16 or 32; a deeper memory or
+            another chunk size is a one-line error.
+            The kernels start at a chunk boundary and return no chunk-start weights, so the
             tokens before the first boundary (a state that entered mid-chunk) and, when the state
             is asked for, those after the last one run the chunked PyTorch form: the same
             function, and a state the one-token step continues exactly. One token: the step.
@@ -62,7 +64,8 @@ import torch
 from ltm.ops import check_kernel, unknown_kernel
 from ltm.ops.auto import AUTO, choose
 from ltm.ops.titans.chunk import chunk_titans_memory
-from ltm.ops.titans.memory import TRITON_CHUNK_SIZES, TitansState, check_inputs, init_titans_state
+from ltm.ops.titans.memory import (TitansState, check_inputs, init_titans_state,
+                                   triton_chunk_sizes)
 from ltm.ops.titans.naive import naive_titans_memory
 from ltm.ops.titans.step import titans_memory_step
 
@@ -111,7 +114,7 @@ def _auto_candidates(weights, chunk_size: int, grad_clip: float | None,
                      dtype: torch.dtype) -> tuple[str, ...]:
     """The implementations that compute this call's function (`_check_triton`, `_check_fla`):
     their cases do not overlap, and torch computes every one."""
-    if len(weights) == 1 and chunk_size in TRITON_CHUNK_SIZES:
+    if chunk_size in triton_chunk_sizes(len(weights)):
         return ("triton",)
     exact = len(weights) == 1 and chunk_size == 1 and grad_clip is None
     return ("fla", "torch") if exact and dtype in (torch.bfloat16, torch.float16) else ("torch",)
@@ -124,18 +127,34 @@ def _lazy_kernels() -> ModuleType:
 
 
 def _check_triton(weights, chunk_size: int) -> None:
-    if len(weights) != 1:
-        raise ValueError(f"kernel: 'triton' runs the linear titans memory only (1 layer, got "
+    sizes = triton_chunk_sizes(len(weights))
+    if not sizes:
+        raise ValueError(f"kernel: 'triton' runs the titans memory with 1 or 2 layers (got "
                          f"{len(weights)}); use 'torch'")
-    if chunk_size not in TRITON_CHUNK_SIZES:
-        raise ValueError(f"kernel: 'triton' runs the titans memory with chunk_size in "
-                         f"{TRITON_CHUNK_SIZES}, got {chunk_size}; use 'torch'")
+    if chunk_size not in sizes:
+        raise ValueError(f"kernel: 'triton' runs the {len(weights)}-layer titans memory with "
+                         f"chunk_size in {sizes}, got {chunk_size}; use 'torch'")
+
+
+def _by_kernel(q, k, v, gates, state: TitansState, chunk_size: int, grad_clip: float | None,
+               output_final_state: bool):
+    """o and the weights and momenta after the tokens (tuples of layers; None unless
+    `output_final_state`) by the linear or the two-layer memory's kernel."""
+    kernels = _lazy_kernels()
+    options = dict(chunk_size=chunk_size, grad_clip=grad_clip,
+                   output_final_state=output_final_state)
+    if len(state.weights) == 2:
+        return kernels.triton_chunk_titans_deep_memory(q, k, v, *gates, state.weights,
+                                                       state.momenta, **options)
+    o, W, S = kernels.triton_chunk_titans_memory(q, k, v, *gates, state.weights[0],
+                                                 state.momenta[0], **options)
+    return (o, (W,), (S,)) if output_final_state else (o, None, None)
 
 
 def _triton_titans(q, k, v, theta, alpha, eta, weights, chunk_size, grad_clip, initial_state,
                    output_final_state):
-    """The linear memory by the Triton kernel from the first chunk boundary to the last (see the
-    module docstring), PyTorch's chunked form before and after."""
+    """The memory by the Triton kernels from the first chunk boundary to the last (see the module
+    docstring), PyTorch's chunked form before and after."""
     B, T = q.shape[:2]
     state = initial_state or init_titans_state(weights, B)
     head = min(T, -state.pos % chunk_size)
@@ -153,12 +172,11 @@ def _triton_titans(q, k, v, theta, alpha, eta, weights, chunk_size, grad_clip, i
         state = by_torch(0, head, state)
     if T - head - tail:
         q_in, k_in, v_in, *gates = (x[:, head:T - tail] for x in inputs)
-        o, W, S = _lazy_kernels().triton_chunk_titans_memory(
-            q_in.to(v.dtype), k_in.to(v.dtype), v_in, *gates, state.weights[0], state.momenta[0],
-            chunk_size=chunk_size, grad_clip=grad_clip, output_final_state=output_final_state)
+        o, W, S = _by_kernel(q_in.to(v.dtype), k_in.to(v.dtype), v_in, gates, state, chunk_size,
+                             grad_clip, output_final_state)
         outputs.append(o)
         if output_final_state:
-            state = TitansState((W,), (S,), (W,), state.pos + T - head - tail)
+            state = TitansState(W, S, W, state.pos + T - head - tail)
     if tail:
         state = by_torch(T - tail, T, state)
     o = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]

@@ -23,6 +23,14 @@ import torch.nn.functional as F
 # chunk sizes the Triton kernel (ltm.kernels.titans) takes: tl.dot's tiles are at least 16 a side,
 # and a (BT, BT) score tile beside four [K, V] states in registers leaves no room above 64
 TRITON_CHUNK_SIZES = (16, 32, 64)
+# the deep memory's kernel (two layers): its programs hold several (BT, BT) tiles beside the hidden
+# tiles; 64 was never tried on a GPU
+TRITON_DEEP_CHUNK_SIZES = (16, 32)
+
+
+def triton_chunk_sizes(depth: int) -> tuple[int, ...]:
+    """The chunk sizes the Triton kernels take for a memory of `depth` layers (none past 2)."""
+    return {1: TRITON_CHUNK_SIZES, 2: TRITON_DEEP_CHUNK_SIZES}.get(depth, ())
 
 
 class TitansState(NamedTuple):
