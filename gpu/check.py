@@ -54,6 +54,8 @@ MIXERS = {
     "deltanet-hier-dual": ["model.mixer=deltanet", "model.hierarchical=true",
                            "model.hier_op=dual"],
     "titans": ["model.mixer=titans", "model.titans_depth=1", "model.titans_window=256"],
+    # the deep memory (the default depth 2, an MLP) by its own Triton kernel
+    "titans-deep": ["model.mixer=titans", "model.titans_depth=2", "model.titans_window=256"],
 }
 # latent thoughts: 8 per layer, 2 inner steps, evaluated after those 2 steps only
 LATENT = ["model.n_latent=8", "train.latent.steps=2", "train.latent.eval_steps=[2]",
@@ -70,7 +72,8 @@ KERNEL_TESTS = ["tests/kernels/test_kernels_delta_rule.py", "tests/kernels/test_
                 "tests/kernels/test_kernels_delta_rule_fused_output.py",
                 "tests/kernels/test_kernels_delta_rule_overlapped.py",
                 "tests/kernels/test_kernels_rwkv7_chunk.py", "tests/kernels/test_kernels_rwkv7.py",
-                "tests/kernels/test_kernels_titans.py", "tests/kernels/test_kernels_short_conv.py",
+                "tests/kernels/test_kernels_titans.py", "tests/kernels/test_kernels_titans_deep.py",
+                "tests/kernels/test_kernels_short_conv.py",
                 "tests/kernels/test_kernels_step.py", "tests/ops"]
 
 

@@ -31,6 +31,7 @@ from ltm.kernels.delta_rule import chunk as delta_rule  # noqa: E402
 from ltm.kernels.rwkv7 import chunk as rwkv7_chunk  # noqa: E402
 from ltm.kernels import tuning  # noqa: E402
 from ltm.kernels.titans import chunk as titans_chunk  # noqa: E402
+from ltm.kernels.titans import deep as titans_deep  # noqa: E402
 
 # the launchers' defaults (the first configuration of each list), which run where no tuning does;
 # the other configurations are only ever tuned on a GPU, where one that does not fit is skipped
@@ -159,6 +160,21 @@ def titans_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     return record_launches(launch)
 
 
+def titans_deep_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
+    # the deep memory's largest chunk (32) and its hidden width at titans_expansion 2
+    B, T, H, chunk, E = 1, 40, 1, 32, 2 * K
+    q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
+    v, gates = torch.randn(B, T, H, V, dtype=dtype), [torch.rand(B, T, H) for _ in range(3)]
+    state = [torch.randn(B, H, *shape) for shape in ((K, E), (K, E), (E, V), (E, V))]
+
+    def launch():
+        o, *finals = titans_deep._deep_fwd(q, k, v, *gates, *state, chunk, 1.0)[:5]
+        saved = titans_deep._deep_fwd(q, k, v, *gates, *state, chunk, 1.0)[5:]
+        titans_deep._deep_bwd(q, k, gates[0], gates[1], gates[2], *saved, torch.randn_like(o),
+                              *(torch.randn_like(x) for x in finals), chunk, 1.0)
+    return record_launches(launch)
+
+
 def main(ops: list[str], with_registers: bool = False) -> None:
     # the widest heads the ops take; float16 inputs multiply float32 tiles, as float32 ones do
     K = 128
@@ -169,6 +185,7 @@ def main(ops: list[str], with_registers: bool = False) -> None:
         for dtype in (torch.float32, torch.bfloat16):
             launches = (delta_rule_launches(dtype, K, K) + delta_rule_launches(dtype, K, K, 16)
                         if op == "delta_rule" else rwkv7_launches(dtype, K, K) if op == "rwkv7"
+                        else titans_deep_launches(dtype, K, K) if op == "titans_deep"
                         else titans_launches(dtype, K, K))
             for kernel, bound, options in launches:
                 signature, constexprs = signature_of(kernel, bound)
@@ -186,4 +203,4 @@ def main(ops: list[str], with_registers: bool = False) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--registers"]
-    main(args or ["delta_rule", "rwkv7", "titans"], "--registers" in sys.argv)
+    main(args or ["delta_rule", "rwkv7", "titans", "titans_deep"], "--registers" in sys.argv)

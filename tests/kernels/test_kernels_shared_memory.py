@@ -20,6 +20,8 @@ KERNELS = {
               "_bwd_grad_kernel"},
     "titans": {"_titans_states_kernel", "_titans_output_kernel", "_titans_bwd_local_kernel",
                "_titans_bwd_state_kernel", "_titans_bwd_keys_kernel"},
+    "titans_deep": {"_deep_states_kernel", "_deep_output_kernel", "_deep_bwd_local_kernel",
+                    "_deep_bwd_state_kernel"},
 }
 
 
