@@ -18,7 +18,7 @@ from ltm.report.records import gpu_ablate_records, read_records
 class Section:
     title: str
     tables: list[pd.DataFrame]
-    figures: list[Figure]
+    figures: list[Figure]  # or, once drawn for the page, ltm.report.render.RenderedFigure
     note: str = ""
     folded: bool = False  # figures and tables behind a "show" toggle (history, full settings)
 

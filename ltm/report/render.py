@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from dataclasses import dataclass, replace
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -23,10 +24,44 @@ def human(x) -> str:
     return f"{x:.4g}"
 
 
-def _figure_html(fig: Figure, dpi: int) -> str:
+@dataclass(repr=False)
+class RenderedFigure:
+    """A figure drawn once: the page embeds its PNG and the notebook shows the same bytes
+    (`_repr_png_`), where displaying the Figure would draw it again, twice for a tight box."""
+
+    figure: Figure
+    png: bytes
+
+    @property
+    def axes(self) -> list:
+        return self.figure.axes
+
+    def _repr_png_(self) -> bytes:
+        return self.png
+
+    def __repr__(self) -> str:
+        return f"<figure, {len(self.png):,} bytes of PNG>"
+
+
+def render_figure(fig: Figure | RenderedFigure, dpi: int) -> RenderedFigure:
+    """`fig` as PNG at `dpi`; an already rendered figure as it is."""
+    if isinstance(fig, RenderedFigure):
+        return fig
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    encoded = base64.b64encode(buffer.getvalue()).decode()
+    # a figure with a layout engine already fits its canvas: a tight box would lay it out and
+    # draw it a second time
+    tight = "tight" if fig.get_layout_engine() is None else None
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches=tight)
+    return RenderedFigure(fig, buffer.getvalue())
+
+
+def rendered_sections(sections: list[Section], dpi: int) -> list[Section]:
+    """The sections with every figure drawn once (`render_figure`)."""
+    return [replace(s, figures=[render_figure(f, dpi) for f in s.figures]) for s in sections]
+
+
+def _figure_html(fig: Figure | RenderedFigure, dpi: int) -> str:
+    encoded = base64.b64encode(render_figure(fig, dpi).png).decode()
     return f'<img alt="figure" src="data:image/png;base64,{encoded}">'
 
 

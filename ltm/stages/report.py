@@ -12,7 +12,7 @@ import seaborn as sns
 
 from ltm.params import load_section
 from ltm.report.headline import headline
-from ltm.report.render import render_html
+from ltm.report.render import render_html, rendered_sections
 from ltm.report.recall import recall_section
 from ltm.report.references import kernel_references_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
@@ -54,6 +54,8 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 gpu_section(Path(gpu_records)),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),
                 gpu_time_to_target_section(Path(gpu_records) / "ttt")]
+    # drawn once, for the page and the notebook alike
+    sections = rendered_sections(sections, cfg.dpi)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(render_html(cfg.title, sections, env, cfg.dpi, lines))
     return sections
