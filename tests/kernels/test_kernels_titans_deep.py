@@ -114,6 +114,8 @@ def test_reference_backward_matches_autograd(clip):
     seed = case_seed()
     B, T, H, K, E, V = 2, 7, 3, 5, 10, 6
     x, state = make_inputs(B, T, H, K, E, V, torch.float64, seed)
+    # formulas in PyTorch: on the CPU, also where the other cases run on a GPU
+    x, state = {n: t.detach().cpu() for n, t in x.items()}, [s.detach().cpu() for s in state]
     q, k, v, theta, alpha, eta = (t.detach().double().transpose(1, 2) for t in x.values())
     state = [s.detach().double() for s in state]
     a, b, gamma, ends, w_last, p_last = chunk_gates(x["alpha"].detach().double(),

@@ -51,9 +51,9 @@ def run_with_grads(fn, x, weights, seed, **kwargs):
     w_leaves = [w.detach().clone().requires_grad_() for w in weights]
     o, state = fn(*leaves, w_leaves, output_final_state=True, **kwargs)
     gen = torch.Generator().manual_seed(seed + 1)
-    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device)).sum()
     for t in state_tensors(state):
-        loss = loss + (t * torch.randn(t.shape, generator=gen, dtype=t.dtype)).sum()
+        loss = loss + (t * torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device)).sum()
     grads = torch.autograd.grad(loss, leaves + w_leaves)
     names = list(NAMES) + [f"W{i}" for i in range(len(weights))]
     return o, state, dict(zip(names, grads))
@@ -256,6 +256,9 @@ def test_triton_runs_the_two_layer_memory(prefill):
     from ltm.ops.titans import _auto_candidates
     seed = case_seed()
     x, weights = make_inputs(2, 21 + prefill, 2, 5, 6, 2, seed, dtype=torch.float32)
+    # the kernel on a GPU where there is one (Triton's interpreter runs it on the CPU)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x, weights = {n: t.to(device) for n, t in x.items()}, [w.to(device) for w in weights]
     assert _auto_candidates(weights, 16, 0.5, torch.float32) == ("triton",)
     def after_prefill(*inputs, kernel, **options):
         """The tokens after the prefill (by torch), from the state it leaves."""
