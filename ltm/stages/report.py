@@ -15,6 +15,7 @@ from ltm.report.headline import headline
 from ltm.report.render import render_html, rendered_sections
 from ltm.report.recall import recall_section
 from ltm.report.references import kernel_references_section
+from ltm.report.titans_records import titans_gpu_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
                              kernel_history_section, latent_section, prior_section,
@@ -52,6 +53,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 kernel_history_section(Path(bench_records)),
                 kernel_references_section(Path(bench_records) / "references"),
                 gpu_section(Path(gpu_records)),
+                titans_gpu_section(Path(gpu_records) / "titans"),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),
                 gpu_time_to_target_section(Path(gpu_records) / "ttt")]
     # drawn once, for the page and the notebook alike

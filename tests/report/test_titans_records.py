@@ -1,0 +1,50 @@
+"""ltm.report.titans_records: the Titans GPU records as two tables, and the records kept in git
+read as such."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ltm.report.titans_records import titans_gpu_section
+
+RECORDS = Path(__file__).resolve().parents[2] / "records" / "gpu" / "titans"
+
+
+def _write(folder: Path, name: str, record: dict) -> None:
+    (folder / name).write_text(json.dumps(record))
+
+
+def test_the_newest_kernel_table_worst_first_and_every_run_against_deltanet(tmp_path):
+    old = {"device": "H100", "date": "2026-11-27",
+           "training_tokens_per_s": {"deltanet-T2048": 400.0, "titans-linear-T2048": 100.0}}
+    new = {"device": "H200", "date": "2026-11-28",
+           "kernel_table": [{"shape": "1,2,3,4", "pass": "fwd", "impl": "a", "ms": 1.0, "x_delta_rule": 1.0},
+                            {"shape": "1,2,3,4", "pass": "fwd", "impl": "b", "ms": 5.0, "x_delta_rule": 5.0}],
+           "training_tokens_per_s": {"deltanet-T8192": {"tokens_per_s": 300},
+                                     "titans-deep-T8192": {"tokens_per_s": 30},
+                                     "titans-deep-T2048": {"tokens_per_s": 50}}}
+    _write(tmp_path, "a.json", old)
+    _write(tmp_path, "b.json", new)
+    section = titans_gpu_section(tmp_path)
+    kernels, training = section.tables
+    assert kernels.impl.tolist() == ["b", "a"] and set(kernels.record) == {"b.json"}
+    ratios = dict(zip(training.run + "@" + training.device, training["x DeltaNet"]))
+    assert ratios["titans-linear-T2048@H100"] == 0.25 and ratios["titans-deep-T8192@H200"] == 0.1
+    # no DeltaNet run at T2048 in the newer record: no ratio, not one from another record
+    assert pd.isna(ratios["titans-deep-T2048@H200"])
+    assert section.folded and not section.figures
+
+
+def test_a_file_that_is_no_such_record_is_an_error_naming_it(tmp_path):
+    _write(tmp_path, "bad.json", {"device": "H200"})
+    with pytest.raises(ValueError, match="bad.json: not a Titans GPU record"):
+        titans_gpu_section(tmp_path)
+
+
+def test_the_records_in_git_make_both_tables():
+    section = titans_gpu_section(RECORDS)
+    kernels, training = section.tables
+    assert {"titans depth 2 triton", "delta_rule triton"} <= set(kernels.impl)
+    titans = training[training.run.str.startswith("titans")]
+    assert (titans["x DeltaNet"].dropna() < 1).all() and len(titans["x DeltaNet"].dropna()) >= 4
