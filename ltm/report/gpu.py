@@ -78,8 +78,9 @@ def gpu_ablate_section(folder: Path) -> Section:
                      f"{str(p.get('commit'))[:7]}, {p.get('params')}"
                      + "".join(f" --set {item}" for item in p.get("overrides") or [])
                      for name, p, _ in records)
-    note = ("Measured with gpu/ablate.py and kept in git, in the order of the files: " + runs
-            + ". History, not measurements of this commit.")
+    # a folded section shows its note's first sentence: a short one, the runs after it
+    note = ("Measured with gpu/ablate.py and kept in git: history, not measurements of this "
+            "commit. In the order of the files: " + runs + ".")
     return Section(title, [table[GPU_ABLATE_COLUMNS] for _, _, table in records],
                    [ablate_figure(table) for _, _, table in records], note, folded=True)
 
@@ -115,9 +116,10 @@ def gpu_time_to_target_section(folder: Path) -> Section:
         notes.append(f"{path.name}: {record['device']}, torch {record.get('torch')}, commit "
                      f"{str(record.get('commit'))[:7]}, {'compiled' if ttt.get('compile') else 'eager'}, seed {ttt.get('seed', '-')}, "
                      f"target {ttt['target_loss']:.4f} (the final loss of {ttt.get('reference', 'AdamW')})")
-    note = ("The same tokens per run; speedup = the reference's seconds to the target / the run's "
+    note = ("Measured with gpu/levers_bench.py and kept in git: history, not measurements of this "
+            "commit. The same tokens per run; speedup = the reference's seconds to the target / the run's "
             "(training seconds, evaluations left out); the worst speedup over the fixed targets "
             "both runs reach; equal quality: final loss at most the tolerance above the "
             "reference's; worst_vs_equal_adamw: the smallest speedup at a fixed target against "
-            "any AdamW run of equal quality. " + "; ".join(notes) + ". History, not measurements of this commit.")
+            "any AdamW run of equal quality. " + "; ".join(notes) + ".")
     return Section(title, tables, figures, note, folded=True)
