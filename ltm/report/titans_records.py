@@ -51,9 +51,11 @@ def titans_gpu_section(folder: Path) -> Section:
     if not records:
         return Section(TITLE, [], [], f"No Titans GPU records in {folder}.")
     kernels, training = kernel_table(records), training_table(records)
-    notes = [record.get("note_kernel_table") or record.get("note_training") for _, record in records]
+    # the newest record's notes say what its tables hold and how they were measured
+    _, newest = max(records, key=lambda item: (str(item[1].get("date")), item[0].name))
+    notes = [newest.get(key) for key in ("note_kernel_table", "note_training")]
     note = ("The Titans memory's kernels and the Titans model's training throughput, measured with "
             "gpu/titans_deep.sh and gpu/titans_triton.sh and kept in git. "
-            + " ".join(n for n in notes[-1:] if n))
+            + " ".join(n for n in notes if n))
     tables = [t for t in (kernels, training) if not t.empty]
     return Section(TITLE, tables, [], note, folded=True)

@@ -36,6 +36,16 @@ def test_the_newest_kernel_table_worst_first_and_every_run_against_deltanet(tmp_
     assert section.folded and not section.figures
 
 
+def test_the_note_is_the_newest_records(tmp_path):
+    runs = {"deltanet-T2048": 2.0}
+    _write(tmp_path, "z.json", {"device": "H100", "date": "2026-11-27", "training_tokens_per_s": runs,
+                                 "note_training": "old runs"})
+    _write(tmp_path, "a.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": runs,
+                                 "note_kernel_table": "new table", "note_training": "new runs"})
+    note = titans_gpu_section(tmp_path).note
+    assert "new table new runs" in note and "old runs" not in note
+
+
 def test_a_file_that_is_no_such_record_is_an_error_naming_it(tmp_path):
     _write(tmp_path, "bad.json", {"device": "H200"})
     with pytest.raises(ValueError, match="bad.json: not a Titans GPU record"):
