@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ltm.bench.timing import gpu_ms, host_ms
+from ltm.ops.titans import titans_memory
 
 CHUNK, CLIP = 16, 1.0  # the mixer's defaults (model.titans_chunk_size, model.titans_grad_clip)
 
@@ -58,8 +59,8 @@ def memory_weights(depth: int, H: int, D: int, device: str) -> list[torch.Tensor
 def runners(x: dict, depths: list[int], kernels: list[str], max_torch_tokens: int
             ) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> a call returning the output, for the delta rule and each (depth, kernel)."""
+    # imported on first use, as everywhere: Triton loads only when a call asks for it
     from ltm.kernels.delta_rule import triton_chunk_delta_rule
-    from ltm.ops.titans import titans_memory
     B, T, H, D = x["q"].shape
     calls = {"delta_rule triton": lambda: triton_chunk_delta_rule(
         x["q"], x["k"], x["v"], x["beta"])[0]}
