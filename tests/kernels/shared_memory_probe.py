@@ -168,8 +168,8 @@ def titans_deep_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     state = [torch.randn(B, H, *shape) for shape in ((K, E), (K, E), (E, V), (E, V))]
 
     def launch():
-        o, *finals = titans_deep._deep_fwd(q, k, v, *gates, *state, chunk, 1.0)[:5]
-        saved = titans_deep._deep_fwd(q, k, v, *gates, *state, chunk, 1.0)[5:]
+        o, *outputs = titans_deep._deep_fwd(q, k, v, *gates, *state, chunk, 1.0)
+        finals, saved = outputs[:4], outputs[4:]
         titans_deep._deep_bwd(q, k, gates[0], gates[1], gates[2], *saved, torch.randn_like(o),
                               *(torch.randn_like(x) for x in finals), chunk, 1.0)
     return record_launches(launch)

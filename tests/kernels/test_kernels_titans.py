@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from reference import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_id, case_seed, rel_err
+from titans_op_cases import triton_and_torch_from_any_state
 
 from ltm.kernels.titans import triton_chunk_titans_memory
-from ltm.ops.titans import (TitansState, chunk_titans_memory, naive_titans_memory, titans_memory,
-                            titans_memory_one_token)
+from ltm.ops.titans import TitansState, chunk_titans_memory, naive_titans_memory, titans_memory
 
 NAMES = ("q", "k", "v", "theta", "alpha", "eta")
 # (B, T, H, K, V, chunk, clip): T < chunk, T = chunk, odd T over several chunks, odd head sizes;
@@ -93,22 +93,8 @@ def test_op_continues_any_state_exactly(prefill, T):
     the chunked PyTorch form's; gradients too."""
     seed = case_seed()
     x, weights = _op_inputs(2, prefill + T, 2, 16, seed)
-    results = {}
-    for kernel in ("torch", "triton"):
-        state = None
-        if prefill:
-            _, state = titans_memory(*(t[:, :prefill] for t in x.values()), weights, kernel="torch",
-                                     chunk_size=16, grad_clip=0.5, output_final_state=True)
-        o, state = titans_memory(*(t[:, prefill:] for t in x.values()), weights, kernel=kernel,
-                                 chunk_size=16, grad_clip=0.5, initial_state=state,
-                                 output_final_state=True)
-        o_step, state = titans_memory_one_token(*(t[:, -1] for t in x.values()), weights, state,
-                                                kernel=kernel, chunk_size=16, grad_clip=0.5)
-        grads = torch.autograd.grad(o.square().sum() + o_step.sum(), [*x.values(), *weights])
-        results[kernel] = (o, o_step, *state[:3], *grads)
+    results = triton_and_torch_from_any_state(x, weights, prefill)
     for got, want in zip(results["triton"], results["torch"]):
-        if isinstance(want, tuple):
-            got, want = got[0], want[0]
         assert rel_err(got, want) < 1e-4, f"seed={seed}"
 
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from reference import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_seed, rel_err
+from titans_op_cases import triton_and_torch_from_any_state
 
 from ltm.kernels.titans import triton_chunk_titans_deep_memory
 from ltm.kernels.titans.chunk import chunk_gates
 from ltm.kernels.titans.deep_reference import deep_chunk_backward, deep_chunk_forward
-from ltm.ops.titans import (TitansState, chunk_titans_memory, naive_titans_memory, titans_memory,
-                            titans_memory_one_token)
+from ltm.ops.titans import TitansState, chunk_titans_memory, naive_titans_memory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -156,19 +156,7 @@ def test_op_continues_any_state_exactly(prefill, T):
     after it, all equal to the chunked PyTorch form's; gradients too."""
     seed = case_seed()
     x, weights = _op_inputs(2, prefill + T, 2, 8, 16, seed)
-    results = {}
-    for kernel in ("torch", "triton"):
-        state = None
-        if prefill:
-            _, state = titans_memory(*(t[:, :prefill] for t in x.values()), weights, kernel="torch",
-                                     chunk_size=16, grad_clip=0.5, output_final_state=True)
-        o, state = titans_memory(*(t[:, prefill:] for t in x.values()), weights, kernel=kernel,
-                                 chunk_size=16, grad_clip=0.5, initial_state=state,
-                                 output_final_state=True)
-        o_step, state = titans_memory_one_token(*(t[:, -1] for t in x.values()), weights, state,
-                                                kernel=kernel, chunk_size=16, grad_clip=0.5)
-        grads = torch.autograd.grad(o.square().sum() + o_step.sum(), [*x.values(), *weights])
-        results[kernel] = (o, o_step, *(t for part in state[:3] for t in part), *grads)
+    results = triton_and_torch_from_any_state(x, weights, prefill)
     for got, want in zip(results["triton"], results["torch"]):
         assert rel_err(got, want) < 1e-5, f"seed={seed}"
 
