@@ -10,6 +10,7 @@ from titans_op_cases import triton_and_torch_from_any_state
 
 from ltm.kernels.titans import triton_chunk_titans_deep_memory
 from ltm.kernels.titans.chunk import chunk_gates
+from ltm.kernels.titans.deep import _deep_fwd
 from ltm.kernels.titans.deep_reference import deep_chunk_backward, deep_chunk_forward
 from ltm.ops.titans import TitansState, chunk_titans_memory, naive_titans_memory
 
@@ -184,7 +185,6 @@ def test_bad_input_is_one_line(change, message):
 def test_custom_operators_pass_opcheck_and_compile():
     """The forward operator's schema, fake (meta) outputs and autograd registration pass
     torch.library.opcheck, and torch.compile traces the op whole (fullgraph), backward included."""
-    from ltm.kernels.titans.deep import _deep_fwd
     x, state = make_inputs(1, 21, 2, 8, 16, 8, torch.float32, case_seed())
     inputs = [*x.values(), *state]
     torch.library.opcheck(_deep_fwd, (*inputs, 16, 1.0), test_utils=(

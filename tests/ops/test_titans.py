@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ltm.ops.titans import (TitansState, chunk_titans_memory, init_titans_state,
+from ltm.ops.titans import (TitansState, _auto_candidates, chunk_titans_memory, init_titans_state,
                             naive_titans_memory, titans_memory, titans_memory_one_token,
                             titans_memory_step)
 from reference import case_seed, rel_err
@@ -253,7 +253,6 @@ def test_triton_runs_the_two_layer_memory(prefill):
     """kernel="triton" with a deep memory (two layers) computes what "torch" computes, from the
     first token and from a state inside a chunk (float32: the kernels take no float64); auto
     offers it (on the CPU auto runs torch)."""
-    from ltm.ops.titans import _auto_candidates
     seed = case_seed()
     x, weights = make_inputs(2, 21 + prefill, 2, 5, 6, 2, seed, dtype=torch.float32)
     # the kernel on a GPU where there is one (Triton's interpreter runs it on the CPU)
