@@ -193,13 +193,16 @@ def command(ops: str | None, shapes: str | None, out: Path | None) -> dict:
 
 def format_table(table: dict) -> str:
     """One line per entry: its class, each column's total ms over the shapes where every column
-    was measured (those the winner was decided on; "-": none), and the winner."""
+    that ran was measured (those the winner was decided on; "-": none), "error" for a column that
+    failed, and the winner."""
     lines = [f"{table.get('device')}: kernel table, {len(table.get('entries', []))} entries"]
     for e in table.get("entries", []):
-        ms, n = e["ms"], len(e["shapes"])
-        common = [i for i in range(n) if all(times[i] is not None for times in ms.values())]
-        times = ", ".join(f"{c} {sum(t[i] for i in common):.3f}" if common else f"{c} -"
-                          for c, t in ms.items())
+        ms, n, errors = e["ms"], len(e["shapes"]), e.get("errors", {})
+        ran = [c for c in ms if c not in errors]
+        common = [i for i in range(n) if all(ms[c][i] is not None for c in ran)]
+        times = ", ".join(f"{c} error" if c in errors else
+                          f"{c} {sum(ms[c][i] for i in common):.3f}" if common else f"{c} -"
+                          for c in ms)
         lines.append(f"{e['op']:10} {e['pass']:9} D{e['D']:<4} T{e['T']:8} BH/SM "
                      f"{e['bh_per_sm']:7} {times} ({len(common)} of {n} shapes) -> {e['winner']}")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ TITLE = "Titans memory on GPUs (recorded history)"
 def training_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
     """One row per training run of every record: tokens/s and, where the record also ran the
     DeltaNet model at the same length, the ratio to it (issue 56's targets: 0.7x linear, 0.5x
-    deep)."""
+    deep); a run that failed has no tokens/s and says why."""
     rows = []
     for path, record in records:
         runs = record["training_tokens_per_s"]
@@ -27,22 +27,41 @@ def training_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
             base = runs.get(f"deltanet-{length}")
             base = base["tokens_per_s"] if isinstance(base, dict) else base
             rows.append({"run": name, "tokens/s": tokens,
-                         "x DeltaNet": round(tokens / base, 3) if base else None,
+                         "x DeltaNet": round(tokens / base, 3) if tokens and base else None,
+                         "failed": run.get("error", "") if isinstance(run, dict) else "",
                          "device": record["device"], "date": record.get("date"),
                          "record": path.name})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table if table.empty or table.failed.any() else table.drop(columns="failed")
+
+
+def _newest_with_table(records: list[tuple[Path, dict]]) -> tuple[Path, dict] | None:
+    with_table = [(path, record) for path, record in records if record.get("kernel_table")]
+    return max(with_table, key=lambda item: (str(item[1].get("date")), item[0].name),
+               default=None)
 
 
 def kernel_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
     """The newest record's kernel table (per shape, pass and implementation: ms and the ratio to
     our delta rule), worst ratio first within each pass."""
-    with_table = [(path, record) for path, record in records if record.get("kernel_table")]
-    if not with_table:
+    newest = _newest_with_table(records)
+    if newest is None:
         return pd.DataFrame()
-    path, record = max(with_table, key=lambda item: (str(item[1].get("date")), item[0].name))
+    path, record = newest
     table = pd.DataFrame(record["kernel_table"])
     table["record"] = path.name
     return table.sort_values(["pass", "x_delta_rule"], ascending=[True, False], kind="stable")
+
+
+def _notes(records: list[tuple[Path, dict]]) -> list[str]:
+    """The kernel table's note, then the training notes of every record of the newest date (a
+    day's calls may leave several records), in name order."""
+    newest = _newest_with_table(records)
+    notes = [newest[1].get("note_kernel_table")] if newest else []
+    last = max(str(record.get("date")) for _, record in records)
+    notes += [record.get("note_training") for _, record in sorted(records, key=lambda r: r[0].name)
+              if str(record.get("date")) == last]
+    return [n for n in notes if n]
 
 
 def titans_gpu_section(folder: Path) -> Section:
@@ -51,11 +70,8 @@ def titans_gpu_section(folder: Path) -> Section:
     if not records:
         return Section(TITLE, [], [], f"No Titans GPU records in {folder}.")
     kernels, training = kernel_table(records), training_table(records)
-    # the newest record's notes say what its tables hold and how they were measured
-    _, newest = max(records, key=lambda item: (str(item[1].get("date")), item[0].name))
-    notes = [newest.get(key) for key in ("note_kernel_table", "note_training")]
+    # the newest records' notes say what their tables hold and how they were measured
     note = ("The Titans memory's kernels and the Titans model's training throughput, measured with "
-            "gpu/titans_deep.sh and gpu/titans_triton.sh and kept in git. "
-            + " ".join(n for n in notes if n))
+            "gpu/titans_deep.sh and gpu/titans_triton.sh and kept in git. " + " ".join(_notes(records)))
     tables = [t for t in (kernels, training) if not t.empty]
     return Section(TITLE, tables, [], note, folded=True)

@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 
 from ltm.params import load_section
+from ltm.report.auto_records import auto_gpu_section
 from ltm.report.headline import headline
 from ltm.report.render import render_html, rendered_sections
 from ltm.report.recall import recall_section
@@ -54,6 +55,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 kernel_references_section(Path(bench_records) / "references"),
                 gpu_section(Path(gpu_records)),
                 titans_gpu_section(Path(gpu_records) / "titans"),
+                auto_gpu_section(Path(gpu_records) / "auto"),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),
                 gpu_time_to_target_section(Path(gpu_records) / "ttt")]
     # drawn once, for the page and the notebook alike

@@ -36,14 +36,26 @@ def test_the_newest_kernel_table_worst_first_and_every_run_against_deltanet(tmp_
     assert section.folded and not section.figures
 
 
-def test_the_note_is_the_newest_records(tmp_path):
+def test_the_note_is_the_table_records_and_the_newest_days_training_notes(tmp_path):
     runs = {"deltanet-T2048": 2.0}
     _write(tmp_path, "z.json", {"device": "H100", "date": "2026-11-27", "training_tokens_per_s": runs,
                                  "note_training": "old runs"})
     _write(tmp_path, "a.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": runs,
+                                 "kernel_table": [{"pass": "fwd", "x_delta_rule": 1.0}],
                                  "note_kernel_table": "new table", "note_training": "new runs"})
+    _write(tmp_path, "b.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": runs,
+                                 "note_training": "later runs"})
     note = titans_gpu_section(tmp_path).note
-    assert "new table new runs" in note and "old runs" not in note
+    assert "new table new runs later runs" in note and "old runs" not in note
+
+
+def test_a_failed_run_has_no_rate_and_says_why(tmp_path):
+    _write(tmp_path, "a.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": {
+        "deltanet-T8192": {"tokens_per_s": 300}, "titans-deep-T8192": {"tokens_per_s": None,
+                                                                        "error": "loss nan"}}})
+    (training,) = titans_gpu_section(tmp_path).tables
+    failed = training.set_index("run").loc["titans-deep-T8192"]
+    assert pd.isna(failed["x DeltaNet"]) and pd.isna(failed["tokens/s"]) and failed.failed == "loss nan"
 
 
 def test_a_file_that_is_no_such_record_is_an_error_naming_it(tmp_path):
