@@ -39,8 +39,9 @@ workbook: setup
 
 # each suite on every core: a worker process per core, a test file per worker at a time (so a
 # module's shared fixtures are built once); TEST_WORKERS=0 runs in this process
+# (--durations: the 20 slowest tests of each suite, where the next minutes are)
 TEST_WORKERS ?= auto
-PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -59,8 +60,10 @@ $(INSTALLED_NEWEST): requirements-newest.txt pyproject.toml
 	$(PY_NEWEST) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# each value of each parametrize list once (tests/each_choice.py): every kernel, dtype, launch and
+# shape a test names runs on the newest pair; their cross products run in the main suite
 test-newest: $(INSTALLED_NEWEST)
-	$(PY_NEWEST) -m pytest $(PYTEST_ARGS) tests/kernels tests/ops
+	LTM_TEST_EACH_CHOICE=1 $(PY_NEWEST) -m pytest $(PYTEST_ARGS) tests/kernels tests/ops
 
 # On a CUDA machine with torch and Triton (no virtualenv needed): kernel tests, every mixer trained
 # eager and compiled, plain and latent, generation, DDP; one table (gpu/check.py). A change to

@@ -21,6 +21,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
+from tests.each_choice import select  # noqa: E402
+
 
 @pytest.fixture
 def one_thread():
@@ -46,3 +48,4 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: every other test keeps its order
+    select(config, items)  # make test-newest: each value of each parametrize list once
