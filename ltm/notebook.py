@@ -17,9 +17,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-
-import jupytext
-import papermill
+from types import ModuleType
 
 from ltm.params import ParamsError
 
@@ -44,11 +42,25 @@ def enter_project_root(start: str | Path | None = None) -> Path:
     raise ParamsError(f"no dvc.yaml in {here} or above it: open the notebook inside an ltm checkout")
 
 
+def notebook_tools() -> tuple[ModuleType, ModuleType]:
+    """jupytext and papermill, imported when a notebook is run, not when a stage notebook's kernel
+    imports enter_project_root from here (2.5 s of every stage's start, twice)."""
+    # jsonschema checks the "iri" string format with rfc3987-syntax where that is installed
+    # (jupyter's event schemas pull it in), and that package builds its grammar at import: 1.6 s.
+    # No notebook schema nbformat validates against uses the format, so the runner goes without it
+    # (None in sys.modules: the import fails and jsonschema skips that checker, as when absent).
+    sys.modules.setdefault("rfc3987_syntax", None)
+    import jupytext
+    import papermill
+    return jupytext, papermill
+
+
 def run_notebook(source: str | Path, output: str | Path, parameters: dict | None = None,
                  cwd: str | Path = ".", echo: bool = True) -> None:
     """Execute the percent-format notebook `source` and write the result to `output`; with
     `echo`, what its cells print (stdout, stderr) also goes to this process's terminal as it
     comes, and what they display (tables, figures) stays in the notebook."""
+    jupytext, papermill = notebook_tools()
     notebook = jupytext.read(source)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +76,8 @@ def run_notebook(source: str | Path, output: str | Path, parameters: dict | None
             extra_arguments=["--IPKernelApp.log_level=ERROR"])
 
 
-def _one_line(err: papermill.PapermillExecutionError) -> str:
+def _one_line(err: Exception) -> str:
+    """A papermill execution error as one line: the user's message, or the error's type too."""
     message = str(err.evalue).strip().splitlines()[0] if str(err.evalue).strip() else ""
     if err.ename in USER_ERRORS:
         return message
@@ -133,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ltm: {args.source}: no such notebook", file=sys.stderr)
         return 2
     start = time.perf_counter()
+    _, papermill = notebook_tools()
     try:
         run_notebook(args.source, args.output, dict(args.p))
     except papermill.PapermillExecutionError as err:

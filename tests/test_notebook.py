@@ -1,5 +1,7 @@
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jupytext
@@ -118,6 +120,14 @@ def test_enter_project_root_climbs_from_notebooks_to_the_dvc_yaml(tmp_path, monk
     monkeypatch.chdir(tmp_path / "notebooks")
     assert enter_project_root() == tmp_path.resolve()
     assert Path.cwd() == tmp_path.resolve()
+
+
+def test_a_stage_kernel_importing_enter_project_root_loads_no_notebook_runner():
+    # every stage notebook's kernel imports it first; jupytext and papermill are the runner's
+    code = ("import sys; from ltm.notebook import enter_project_root; "
+            "print(sorted(m for m in ('jupytext', 'papermill', 'nbformat', 'jsonschema') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_enter_project_root_outside_a_checkout_says_so(tmp_path, monkeypatch):
