@@ -37,6 +37,7 @@ SECTIONS = ["Do latent thoughts carry information? The verdict", "Summary: what 
             "Kernels against fla as installed (FlashQLA, TileLang)",
             "Training on GPUs (recorded history)",
             "Titans memory on GPUs (recorded history)",
+            "kernel: auto on GPUs (recorded history)",
             "Ablation verdicts on GPUs (recorded history)",
             "Time to a target loss on GPUs (recorded history)"]
 
