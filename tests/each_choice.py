@@ -1,9 +1,9 @@
 """Each-choice selection of parametrized tests, for `make test-newest`: of every test function's
 cases, few (greedily: the first, then the one adding the most values) that still run every
-value of every one of its parametrize lists at least once. Every kernel, dtype, launch and shape a test names then runs on
-the newest torch/Triton pair, which is what that suite is for (an API a release removed fails
-every case that reaches it), while the cross products of those values run once, in the main
-suite on the pinned pair."""
+value of every one of its parametrize lists at least once. Every kernel, dtype, launch and shape
+a test names then runs on the newest torch/Triton pair, which is what that suite is for (an API a
+release removed fails every case that reaches it), while the cross products of those values run
+once, in the main suite on the pinned pair."""
 from __future__ import annotations
 
 import os
