@@ -13,6 +13,13 @@ from ltm.ops import KERNEL_CHOICES
 from ltm.ops.titans.memory import triton_chunk_sizes
 from ltm.params import check
 
+# the Titans gates' initial values (ltm/model/titans.py): small steps, little forgetting, weak
+# momentum. Momentum starting at 0.9 carried each key's write into the next keys' and kept the
+# memory from learning associative recall at the benchmark's budget (0.06 beyond the window,
+# chance 0.03; 0.12 from 0.1: LOG.md, 2026-11-27, sixth session); the model can still learn a
+# strong momentum
+TITANS_THETA_INIT, TITANS_ALPHA_INIT, TITANS_ETA_INIT = 0.1, 0.01, 0.1
+
 
 @dataclasses.dataclass
 class ModelConfig:
@@ -74,6 +81,12 @@ class ModelConfig:
     # titans: each token's memory gradient clipped to this norm (deep memories diverge without);
     # null = no clipping
     titans_grad_clip: float | None = 1.0
+    # titans: the memory's effective step theta / (1 - eta) (the step a constant gradient adds up
+    # to under momentum eta) is at most this: theta = titans_max_step * (1 - eta) * sigmoid(.).
+    # Unbounded, the deep memory's updates turned chaotic as training raised theta and eta (its
+    # backward grew exponentially with T: nan at T >= 4096 on the GPU profile); 0.3 kept it
+    # bounded over T in float64 probes (LOG.md, 2026-11-28). null = theta = sigmoid(.), unbounded
+    titans_max_step: float | None = 0.3
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
     # RMS-normalise each latent before its cross-attention's keys and values (then a global scale
@@ -131,6 +144,10 @@ class ModelConfig:
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.titans_grad_clip is None or self.titans_grad_clip > 0, "titans_grad_clip",
               f"must be > 0 or null, got {self.titans_grad_clip}")
+        reachable = TITANS_THETA_INIT / (1 - TITANS_ETA_INIT)
+        check(self.titans_max_step is None or self.titans_max_step > reachable, "titans_max_step",
+              f"must be > {reachable:.3g} (the initial step theta / (1 - eta)) or null, got "
+              f"{self.titans_max_step}")
         if self.mixer != "titans":
             return
         sizes = triton_chunk_sizes(self.titans_depth)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ltm.model.config import ModelConfig
 from ltm.model.decoding import Sampling, generate_tokens
 from ltm.model.lm import LTM, build_mixer
+from ltm.model import titans as titans_module
 from ltm.model.mixers import make_mixer
 from ltm.model.titans import Titans
+from ltm.ops.titans.chunk import chunk_titans_memory
 from ltm.params import ParamsError, from_mapping
 from reference import DEVICE, case_seed, rel_err
 
@@ -95,13 +98,77 @@ def test_the_mixer_factories():
     assert "\n" not in str(info.value)
 
 
-def test_gates_start_where_documented():
-    mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans"))
-    theta, alpha, eta = torch.sigmoid(mixer.gate_bias.detach()).view(3, 2)
+def gates_seen(mixer: Titans, x: torch.Tensor, monkeypatch) -> tuple[torch.Tensor, ...]:
+    """theta, alpha, eta (B, T, H) as the mixer hands them to its memory on input x."""
+    seen = {}
+
+    def spy(q, k, v, theta, alpha, eta, weights, **options):
+        seen["gates"] = theta, alpha, eta
+        return original(q, k, v, theta, alpha, eta, weights, **options)
+
+    original = titans_module.titans_memory
+    monkeypatch.setattr(titans_module, "titans_memory", spy)
+    mixer(x)
+    return seen["gates"]
+
+
+@pytest.mark.parametrize("max_step", [0.3, None])
+def test_gates_start_where_documented(max_step, monkeypatch):
+    mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans",
+                               titans_max_step=max_step))
+    # with the input projection at zero, every gate sits at its initial value
+    torch.nn.init.zeros_(mixer.gate_proj.weight)
+    theta, alpha, eta = gates_seen(mixer, torch.randn(1, 5, 16), monkeypatch)
     assert torch.allclose(theta, torch.tensor(0.1)) and torch.allclose(alpha, torch.tensor(0.01))
     assert torch.allclose(eta, torch.tensor(0.1))
     # the memory's last layer starts at zero: it reads zero before learning anything
     assert mixer.memory[-1].abs().sum() == 0 and mixer.memory[0].abs().sum() > 0
+
+
+def test_the_effective_step_stays_under_the_max_step(monkeypatch):
+    """theta / (1 - eta) <= titans_max_step for any input, however large the gates' inputs; and
+    without the bound, the same input takes larger steps (the bound is not vacuous)."""
+    x = 8 * torch.randn(2, 40, 16, dtype=torch.float64)
+    steps = {}
+    for max_step in (0.3, None):
+        torch.manual_seed(0)
+        mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans",
+                                   titans_max_step=max_step)).double()
+        theta, _, eta = gates_seen(mixer, x, monkeypatch)
+        steps[max_step] = (theta / (1 - eta)).max().item()
+    assert steps[0.3] <= 0.3 * (1 + 1e-6) < steps[None]
+
+
+def deep_memory_key_grad(T: int, theta: float, eta: float) -> float:
+    """The largest |d(loss)/dk_t| of the depth-2 memory (D 64, hidden 128, chunk 16, clip 1.0,
+    float64, the chunked form) over T tokens whose unit keys drift slowly (neighbours nearly
+    equal, as after the short convolution), at constant gates and alpha 5e-4."""
+    g = torch.Generator().manual_seed(0)
+    D, hidden = 64, 128
+    noise = torch.randn(1, T, 1, D, generator=g, dtype=torch.float64)
+    walk = torch.cumsum(torch.randn(1, T, 1, D, generator=g, dtype=torch.float64), 1)
+    k = F.normalize(0.99 * F.normalize(walk, dim=-1) + 0.01 * F.normalize(noise, dim=-1), dim=-1)
+    k.requires_grad_()
+    q = F.normalize(torch.randn(1, T, 1, D, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, T, 1, D, generator=g, dtype=torch.float64)
+    weights = [torch.randn(1, D, hidden, generator=g, dtype=torch.float64) * D ** -0.5,
+               torch.zeros(1, hidden, D, dtype=torch.float64)]
+    gates = [torch.full((1, T, 1), x, dtype=torch.float64) for x in (theta, 5e-4, eta)]
+    o, _ = chunk_titans_memory(q, k, v, *gates, weights, chunk_size=16, grad_clip=1.0)
+    (o * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum().backward()
+    return k.grad.norm(dim=-1).max().item()
+
+
+def test_the_max_step_keeps_the_deep_memorys_backward_bounded_over_length():
+    """The failure the bound exists for: with an effective step of 0.9 (theta 0.3, eta 0.67; the
+    gates the GPU profile reached before its nan) the largest input gradient grows by orders of
+    magnitude from T 1024 to 2048 (5e3x when written); at the bound's edge (0.3, at no and at
+    strong momentum) it stays level (1.2x and 1.0x)."""
+    growth = lambda theta, eta: (deep_memory_key_grad(2048, theta, eta)
+                                 / deep_memory_key_grad(1024, theta, eta))
+    assert growth(0.3, 0.67) > 100
+    for eta in (0.0, 0.9):
+        assert growth(0.3 * (1 - eta), eta) < 1.5
 
 
 @pytest.mark.parametrize("mapping, message", [
@@ -110,6 +177,8 @@ def test_gates_start_where_documented():
     ({"mixer": "titans", "titans_depth": 0}, "model.titans_depth: must be >= 1, got 0"),
     ({"mixer": "titans", "titans_window": 0}, "model.titans_window: must be >= 1, got 0"),
     ({"mixer": "titans", "titans_chunk_size": 0}, "model.titans_chunk_size: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_max_step": 0.1},
+     "model.titans_max_step: must be > 0.111 (the initial step theta / (1 - eta)) or null, got 0.1"),
     ({"mixer": "titans", "titans_grad_clip": 0.0},
      "model.titans_grad_clip: must be > 0 or null, got 0.0"),
     ({"mixer": "titans", "kernel": "triton", "titans_depth": 3},
