@@ -8,8 +8,9 @@ attention, in one of two arrangements (Behrouz et al., 2024):
 
 The memory branch: q, k, v projected per head (q and k L2-normalised, so the associative loss has
 keys of unit norm), per token and head eta = sigmoid(.) (momentum, starts near 0.1), the step
-size theta = model.titans_max_step * (1 - eta) * sigmoid(.) (starts near 0.1; its effective step
-theta / (1 - eta) bounded, see ModelConfig) and alpha = sigmoid(.) (forgetting, starts near 0.01);
+size theta = (titans_max_step / titans_chunk_size) (1 - eta) sigmoid(.) (a chunk's summed step
+bounded, see ModelConfig; 0.042 at first for the defaults) and alpha = sigmoid(.) (forgetting,
+starts near 0.01);
 the read o = M(q) per head, RMS-normalised, then an output projection. The memory's initial
 weights are parameters: the MLP's first layers start random (a zero MLP has zero gradients) and its
 last layer, like the linear memory, starts at zero, so M reads zero before it has learned anything.
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ltm.model.config import (TITANS_ALPHA_INIT, TITANS_ETA_INIT, TITANS_THETA_INIT,
-                              ModelConfig)
+                              TITANS_THETA_SIGMOID_INIT, ModelConfig)
 from ltm.model.mixers import Attention, ShortConv, convolved_qkv, fused_conv_runs, state_dtype
 from ltm.ops.titans import TitansState, titans_memory, titans_memory_one_token
 
@@ -49,7 +50,9 @@ class Titans(nn.Module):
         self.n_heads, self.head_dim, self.norm_eps = H, D, cfg.norm_eps
         self.kernel, self.chunk_size = cfg.kernel, cfg.titans_chunk_size
         self.grad_clip, self.arrangement = cfg.titans_grad_clip, cfg.titans_arrangement
-        self.max_step = cfg.titans_max_step
+        # the bound on each token's theta / (1 - eta), or None (ModelConfig.titans_max_step)
+        self.token_step = (None if cfg.titans_max_step is None
+                           else cfg.titans_max_step / cfg.titans_chunk_size)
         self.attn = Attention(dataclasses.replace(cfg, mixer="attention", window=cfg.titans_window))
         self.qkv = nn.Linear(C, 3 * C, bias=False)
         # Titans' depthwise causal convolution after the q, k, v projections (as DeltaNet's): a
@@ -60,10 +63,7 @@ class Titans(nn.Module):
         self.gate_widths = [3 * H, C if self.arrangement == "mag" else 0]
         self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
         # the sigmoid's inverse of the initial values, by tensor ops (also under a meta device)
-        # (with a max step, theta's sigmoid starts at the fraction of max_step * (1 - eta) that
-        # gives theta its initial value)
-        theta_sigmoid = TITANS_THETA_INIT if self.max_step is None else (
-            TITANS_THETA_INIT / (self.max_step * (1 - TITANS_ETA_INIT)))
+        theta_sigmoid = TITANS_THETA_INIT if self.token_step is None else TITANS_THETA_SIGMOID_INIT
         inits = torch.tensor([theta_sigmoid, TITANS_ALPHA_INIT, TITANS_ETA_INIT])
         inits = inits.repeat_interleave(H)
         self.gate_bias = nn.Parameter(torch.log(inits / (1 - inits)))
@@ -115,9 +115,9 @@ class Titans(nn.Module):
         memory_state = None if state is None else self._unpack(state)
         # (B, T, H) each
         theta, alpha, eta = torch.sigmoid(gates + self.gate_bias).view(B, T, 3, H).unbind(2)
-        if self.max_step is not None:
-            # the effective step theta / (1 - eta) stays <= max_step (ModelConfig.titans_max_step)
-            theta = self.max_step * (1 - eta) * theta
+        if self.token_step is not None:
+            # a chunk's summed step stays <= titans_max_step (ModelConfig.titans_max_step)
+            theta = self.token_step * (1 - eta) * theta
         weights = list(self.memory)
         options = dict(kernel=self.kernel, chunk_size=self.chunk_size, grad_clip=self.grad_clip)
         if memory_state is not None and T == 1:
