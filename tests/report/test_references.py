@@ -4,9 +4,11 @@ measured twice counted with its worse ratio."""
 import json
 
 import pytest
+import torch
 
+from ltm.ops.auto import shape_class
 from ltm.report.records import reference_rows, reference_summary
-from ltm.report.references import kernel_references_section
+from ltm.report.references import auto_pick, kernel_references_section
 
 
 def grid_row(shape, ours, triton, installed, backend="flash_qla"):
@@ -57,3 +59,42 @@ def test_the_section_shows_the_summary_then_every_measurement(tmp_path):
     assert list(summary["op"]) == ["gated_delta_rule"] and section.folded
     assert "fla_installed_backend" in measured and "fla_gated_g0_ms" not in measured
     assert "flash-qla 0.1.3" in section.note and "GPU X" in section.note
+
+
+def auto_table(path, device, shape, ms):
+    """A one-entry auto table for `device`: ltm's delta_rule (the grid's gated rule), forward."""
+    B, T, H, D = shape
+    key = shape_class("delta_rule", B, T, H, D, torch.bfloat16, training=False, sm_count=4)
+    path.write_text(json.dumps({"version": 1, "device": device, "sm_count": 4,
+                                "fla_backends": ["flash_qla"],
+                                "entries": [{**key, "shapes": [shape], "ms": ms}]}))
+
+
+def test_auto_runs_what_the_devices_table_picks_timed_as_that_path(tmp_path, monkeypatch):
+    """The table picks fla as installed at the measured class: auto's time is fla_installed's in
+    the same record, auto_x_best its time over the fastest path; a class the table lacks, an
+    unknown device: ours; the ungated rule (no layer calls it): no auto."""
+    auto_table(tmp_path / "table.json", "GPU Y", [1, 64, 2, 128],
+               {"triton": [1.0], "fla_installed": [0.5]})
+    monkeypatch.setenv("LTM_AUTO_TABLE", str(tmp_path / "table.json"))
+    assert auto_pick("gated_delta_rule", "1,64,2,128", "fwd", "GPU Y") == "fla_installed"
+    assert auto_pick("gated_delta_rule", "1,64,2,128", "fwd+bwd", "GPU Y") == "ours"
+    assert auto_pick("gated_delta_rule", "1,64,2,128", "fwd", "GPU unknown") == "ours"
+    assert auto_pick("delta_rule", "1,64,2,128", "fwd", "GPU Y") is None
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "a.json").write_text(json.dumps({
+        "device": "GPU Y", "grid": [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5),
+                                    {**grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5), "op": "delta_rule"},
+                                    grid_row([8, 64, 2, 128], 1.0, 3.0, 0.4)]}))
+    measured = kernel_references_section(records).tables[1]
+    gated = measured[measured["op"] == "gated_delta_rule"].set_index("shape")
+    assert gated.loc["1,64,2,128", "auto"] == "fla_installed"
+    assert gated.loc["1,64,2,128", "auto_ms"] == pytest.approx(0.5)
+    assert gated.loc["1,64,2,128", "auto_x_best"] == pytest.approx(1.0)
+    # no entry for B 8 (another B*H class): ours, 2.5x the fastest path
+    assert gated.loc["8,64,2,128", "auto"] == "ours"
+    assert gated.loc["8,64,2,128", "auto_x_best"] == pytest.approx(2.5)
+    assert measured[measured["op"] == "delta_rule"]["auto"].isna().all()
+    # worst x_best first within the op and pass
+    assert list(gated.index) == ["8,64,2,128", "1,64,2,128"]
