@@ -13,15 +13,6 @@ from ltm.ops import KERNEL_CHOICES
 from ltm.ops.titans.memory import triton_chunk_sizes
 from ltm.params import check
 
-# the Titans gates' initial values (ltm/model/titans.py): small steps, little forgetting, weak
-# momentum. Momentum starting at 0.9 carried each key's write into the next keys' and kept the
-# memory from learning associative recall at the benchmark's budget (0.06 beyond the window,
-# chance 0.03; 0.12 from 0.1: LOG.md, 2026-11-27, sixth session); the model can still learn a
-# strong momentum
-TITANS_THETA_INIT, TITANS_ALPHA_INIT, TITANS_ETA_INIT = 0.1, 0.01, 0.1
-# with titans_max_step, theta's sigmoid starts here instead (theta = 3/4 of its bound)
-TITANS_THETA_SIGMOID_INIT = 0.75
-
 
 @dataclasses.dataclass
 class ModelConfig:
@@ -83,14 +74,6 @@ class ModelConfig:
     # titans: each token's memory gradient clipped to this norm (deep memories diverge without);
     # null = no clipping
     titans_grad_clip: float | None = 1.0
-    # titans: the memory's step added up over a chunk, titans_chunk_size * theta / (1 - eta) (eta:
-    # momentum), is at most this: theta = titans_max_step / titans_chunk_size * (1 - eta) *
-    # sigmoid(.). A chunk's gradients are all taken at its starting weights, so with similar keys
-    # their steps add up; past about 2 (the linear memory's stability edge for identical unit
-    # keys) the memory's updates turned chaotic: on the GPU profile at T 8192 its gradients grew
-    # 1e3x from T 512 to 2048 and float32 lost them (LOG.md, 2026-11-28, sixth session); null =
-    # theta = sigmoid(.), unbounded (starting at 0.1)
-    titans_max_step: float | None = 1.0
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
     # RMS-normalise each latent before its cross-attention's keys and values (then a global scale
@@ -148,8 +131,6 @@ class ModelConfig:
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.titans_grad_clip is None or self.titans_grad_clip > 0, "titans_grad_clip",
               f"must be > 0 or null, got {self.titans_grad_clip}")
-        check(self.titans_max_step is None or self.titans_max_step > 0, "titans_max_step",
-              f"must be > 0 or null, got {self.titans_max_step}")
         if self.mixer != "titans":
             return
         sizes = triton_chunk_sizes(self.titans_depth)
