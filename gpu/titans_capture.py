@@ -64,7 +64,8 @@ def replay(capture: dict) -> None:
     print(f"  gate products: eta min {eta.min().item():.3g}, alpha max {alpha.max().item():.3g}, "
           f"non-finite outputs {sum((~torch.isfinite(g)).sum().item() for g in gates)}", flush=True)
     dalpha, deta = vjp(tuple(torch.ones_like(g) for g in gates))
-    print(f"  gate vjp (ones): |dalpha| {largest(dalpha):.3g}, |deta| {largest(deta):.3g}", flush=True)
+    print(f"  gate vjp (ones): |dalpha| {largest(dalpha):.3g}, |deta| {largest(deta):.3g}",
+          flush=True)
 
 
 def watch(call: int, inputs: tuple, weights: list, options: dict, o: torch.Tensor,

@@ -40,9 +40,12 @@ def auto_pick(op: str, shape: str, pass_: str, device: str) -> str | None:
 def with_auto(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with auto's pick per row, its time (the picked implementation's in the same record)
     and auto_x_best = auto's time over the fastest measured path (1 = auto took the fastest)."""
-    picks = [auto_pick(r["op"], r["shape"], r["pass"], r["device"]) for _, r in rows.iterrows()]
-    auto_ms = [r["ours_ms"] if pick == "ours" else r.get("fla_installed_ms") if pick else None
-               for pick, (_, r) in zip(picks, rows.iterrows())]
+    picks, auto_ms = [], []
+    for _, r in rows.iterrows():
+        pick = auto_pick(r["op"], r["shape"], r["pass"], r["device"])
+        picks.append(pick)
+        picked_ms = r["ours_ms"] if pick == "ours" else r.get("fla_installed_ms")
+        auto_ms.append(picked_ms if pick else None)
     times = rows[["ours_ms"] + [f"{n}_ms" for n in REFERENCE_PATHS if f"{n}_ms" in rows]]
     out = rows.assign(auto=picks, auto_ms=auto_ms)
     return out.assign(auto_x_best=out["auto_ms"] / times.min(axis=1))
@@ -78,13 +81,13 @@ def kernel_references_section(folder: Path) -> Section:
             "ours. auto = what `model.kernel: auto` runs at that shape by the device's shipped "
             "table (ltm/ops/auto_tables; ours where it has no entry for the class; blank for the "
             "ungated delta rule, which no layer calls), timed as that implementation in the same "
-            "record, not run as auto; auto_x_best = its time over the "
-            "fastest path (1 = auto took the fastest; where the device's table was built from "
-            "these records, its sources, 1 checks the table's shape classes, not auto run). Rows: worst x_best first in each op and "
-            "pass. A shape measured twice counts in the summary with its worse ratio. Only the "
-            "K = V = 128 shapes where FlashQLA applies and one RWKV-7 shape were measured: the "
-            "rest of the grid against fla's Triton path is in the section above. record: the "
-            f"run's file in {folder}, by its last word.")
+            "record, not run as auto; auto_x_best = its time over the fastest path (1 = auto "
+            "took the fastest; where the device's table was built from these records, its "
+            "sources, 1 checks the table's shape classes, not auto run). Rows: worst x_best "
+            "first in each op and pass. A shape measured twice counts in the summary with its "
+            "worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one RWKV-7 shape "
+            "were measured: the rest of the grid against fla's Triton path is in the section "
+            f"above. record: the run's file in {folder}, by its last word.")
     summary = reference_summary(rows).merge(
         rows.groupby(["op", "pass"], sort=False)["auto_x_best"].max()
         .rename("worst auto_x_best").reset_index(), on=["op", "pass"], how="left")

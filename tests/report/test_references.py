@@ -84,9 +84,10 @@ def test_auto_runs_what_the_devices_table_picks_timed_as_that_path(tmp_path, mon
     records = tmp_path / "records"
     records.mkdir()
     (records / "a.json").write_text(json.dumps({
-        "device": "GPU Y", "grid": [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5),
-                                    {**grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5), "op": "delta_rule"},
-                                    grid_row([8, 64, 2, 128], 1.0, 3.0, 0.4)]}))
+        "device": "GPU Y",
+        "grid": [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5),
+                 {**grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5), "op": "delta_rule"},
+                 grid_row([8, 64, 2, 128], 1.0, 3.0, 0.4)]}))
     measured = kernel_references_section(records).tables[1]
     gated = measured[measured["op"] == "gated_delta_rule"].set_index("shape")
     assert gated.loc["1,64,2,128", "auto"] == "fla_installed"
