@@ -4,12 +4,15 @@ Tiny models use a second core poorly within one process (each op is too small to
 study and the recall benchmark train their independent models side by side, each in a process of
 its own with cores / workers intra-op threads. Every job seeds itself: its result does not depend
 on which worker ran it (up to the rounding of a different thread count). On a GPU, or with one
-worker, the jobs run one after the other in this process.
+worker, the jobs run one after the other in this process. A worker whose parent is gone (killed,
+not stopped by Ctrl-C) exits within a second instead of training on for nobody.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable
 
@@ -29,9 +32,18 @@ def cpu_workers(asked: int, jobs: int, device: torch.device) -> int:
     return max(1, min(jobs, asked or cores()))
 
 
-def _with_threads(threads: int, fn: Callable, args: tuple) -> Any:
+def _exit_when_orphaned(parent: int, poll_s: float = 1.0) -> None:
+    """Poll the parent's pid; once this process has been handed to another parent (the one that
+    started it was killed), leave at once: its results could reach no one."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os._exit(1)
+
+
+def _start_worker(threads: int, parent: int) -> None:
+    """Each worker process, once: its share of the cores, and the orphan watch."""
     torch.set_num_threads(threads)
-    return fn(*args)
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
 
 
 def run_jobs(fn: Callable, jobs: list[tuple], workers: int,
@@ -53,7 +65,8 @@ def run_jobs(fn: Callable, jobs: list[tuple], workers: int,
         return results
     threads = max(1, cores() // workers)
     # spawned, not forked: a forked child of a process whose OpenMP pool ran can hang
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(_with_threads, threads, fn, job): i for i, job in enumerate(jobs)}
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
+                             initargs=(threads, os.getpid())) as pool:
+        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         finished((futures[f], f.result()) for f in as_completed(futures))
     return results

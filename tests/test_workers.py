@@ -1,9 +1,18 @@
 """ltm.workers: how many worker processes, results in the jobs' order whichever finished first,
-each worker's thread count, and the same answer here and in workers."""
+each worker's thread count, the same answer here and in workers, and no worker left behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
 from ltm.workers import cores, cpu_workers, run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def seeded_draw(seed: int, wait_s: float) -> tuple[int, list[float], int]:
@@ -41,3 +50,42 @@ def test_results_come_back_in_the_jobs_order_the_same_here_and_in_workers():
 def test_a_failing_job_raises_its_own_error():
     with pytest.raises(ValueError, match="bad input"):
         run_jobs(failing_job, [("bad input",), ("bad input",)], 2)
+
+
+def pid_then_sleep(folder: str, index: int) -> None:
+    """A job that says where it runs (a file named by its pid), then outlives any test."""
+    import pathlib
+    pathlib.Path(folder, f"{index}-{os.getpid()}").touch()
+    time.sleep(120)
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    script = ("from ltm.workers import run_jobs; from tests.test_workers import pid_then_sleep; "
+              f"run_jobs(pid_then_sleep, [({str(tmp_path)!r}, 0), ({str(tmp_path)!r}, 1)], 2)")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120  # two spawned interpreters importing torch, on a busy CI
+        while len(list(tmp_path.iterdir())) < 2:
+            assert parent.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.2)
+    finally:
+        parent.kill()
+        parent.wait()
+    pids = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
+    deadline = time.monotonic() + 30
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in pids if not _gone(pid)]
+    for pid in alive:  # leave nothing behind, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their killed parent by 30 s"

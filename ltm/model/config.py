@@ -13,6 +13,18 @@ from ltm.ops import KERNEL_CHOICES
 from ltm.ops.titans.memory import triton_chunk_sizes
 from ltm.params import check
 
+# the Titans gates' initial values (ltm/model/titans.py): small steps, little forgetting, weak
+# momentum. Momentum starting at 0.9 carried each key's write into the next keys' and kept the
+# memory from learning associative recall at the benchmark's budget (0.06 beyond the window,
+# chance 0.03; 0.12 from 0.1: LOG.md, 2026-11-27, sixth session); the model can still learn a
+# strong momentum
+TITANS_THETA_INIT, TITANS_ALPHA_INIT, TITANS_ETA_INIT = 0.1, 0.01, 0.1
+# with titans_max_step, theta's sigmoid starts here instead (theta = 3/4 of its bound)
+TITANS_THETA_SIGMOID_INIT = 0.75
+# titans_max_step auto, by titans_depth (2: any deeper memory): a deep chunk's Hessian reached 3-4,
+# so 0.4 keeps step x curvature under 1.9 (the edge, 1 + the chunk's forgetting) up to 4.75
+STEP_BOUND_AUTO = {1: None, 2: 0.4}
+
 
 @dataclasses.dataclass
 class ModelConfig:
@@ -74,6 +86,16 @@ class ModelConfig:
     # titans: each token's memory gradient clipped to this norm (deep memories diverge without);
     # null = no clipping
     titans_grad_clip: float | None = 1.0
+    # titans: the memory's step added up over a chunk, titans_chunk_size * theta / (1 - eta) (eta:
+    # momentum), is at most this: theta = titans_max_step / titans_chunk_size * (1 - eta) *
+    # sigmoid(.). A chunk's gradients are all taken at its starting weights, so the chunk takes
+    # one gradient step of that summed size, stable while it times the largest eigenvalue of the
+    # chunk's loss Hessian stays under about 2: 1 for the linear memory's unit keys, 3-4 for the
+    # depth-2 memory on the GPU profile at T 8192, whose chunks overshot (state Jacobian
+    # eigenvalues -2 to -3) and whose gradient grew 1e3x per 512 tokens to nan (LOG.md,
+    # 2026-11-29). auto = STEP_BOUND_AUTO by depth: none for the linear memory (stable
+    # unbounded), 0.4 for deeper ones; null = theta = sigmoid(.), unbounded (starting at 0.1)
+    titans_max_step: float | Literal["auto"] | None = "auto"
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0
     # RMS-normalise each latent before its cross-attention's keys and values (then a global scale
@@ -131,6 +153,8 @@ class ModelConfig:
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.titans_grad_clip is None or self.titans_grad_clip > 0, "titans_grad_clip",
               f"must be > 0 or null, got {self.titans_grad_clip}")
+        check(self.titans_max_step in (None, "auto") or self.titans_max_step > 0,
+              "titans_max_step", f"must be > 0, auto or null, got {self.titans_max_step!r}")
         if self.mixer != "titans":
             return
         sizes = triton_chunk_sizes(self.titans_depth)
@@ -144,6 +168,13 @@ class ModelConfig:
         check(self.kernel != "fla" or exact, "kernel",
               "fla computes the titans memory only with titans_depth 1, titans_chunk_size 1 and "
               "titans_grad_clip null; use torch")
+
+    @property
+    def titans_step_bound(self) -> float | None:
+        """titans_max_step resolved: auto by titans_depth (STEP_BOUND_AUTO)."""
+        if self.titans_max_step != "auto":
+            return self.titans_max_step
+        return STEP_BOUND_AUTO[min(self.titans_depth, 2)]
 
     @property
     def head_dim(self) -> int:

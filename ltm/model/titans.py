@@ -7,8 +7,11 @@ attention, in one of two arrangements (Behrouz et al., 2024):
           the attention's input as a residual, so attention still sees x while m is small)
 
 The memory branch: q, k, v projected per head (q and k L2-normalised, so the associative loss has
-keys of unit norm), per token and head theta = sigmoid(.) (step size, starts near 0.1),
-alpha = sigmoid(.) (forgetting, starts near 0.01) and eta = sigmoid(.) (momentum, starts near 0.1);
+keys of unit norm), per token and head eta = sigmoid(.) (momentum, starts near 0.1), the step
+size theta = sigmoid(.) (starts near 0.1), or with a bound b (ModelConfig.titans_max_step: a
+chunk's summed step, by default for memories deeper than 1) theta = (b / titans_chunk_size)
+(1 - eta) sigmoid(.) (starting at 3/4 of its bound), and alpha = sigmoid(.) (forgetting, starts
+near 0.01);
 the read o = M(q) per head, RMS-normalised, then an output projection. The memory's initial
 weights are parameters: the MLP's first layers start random (a zero MLP has zero gradients) and its
 last layer, like the linear memory, starts at zero, so M reads zero before it has learned anything.
@@ -33,15 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ltm.model.config import ModelConfig
+from ltm.model.config import (TITANS_ALPHA_INIT, TITANS_ETA_INIT, TITANS_THETA_INIT,
+                              TITANS_THETA_SIGMOID_INIT, ModelConfig)
 from ltm.model.mixers import Attention, ShortConv, convolved_qkv, fused_conv_runs, state_dtype
 from ltm.ops.titans import TitansState, titans_memory, titans_memory_one_token
-
-# initial values of the sigmoid gates: small steps, little forgetting, weak momentum. Momentum
-# starting at 0.9 carried each key's write into the next keys' and kept the memory from learning
-# associative recall at the benchmark's budget (0.06 beyond the window, chance 0.03; 0.12 from
-# 0.1: LOG.md, 2026-11-27, sixth session); the model can still learn a strong momentum
-THETA_INIT, ALPHA_INIT, ETA_INIT = 0.1, 0.01, 0.1
 
 
 class Titans(nn.Module):
@@ -53,6 +51,9 @@ class Titans(nn.Module):
         self.n_heads, self.head_dim, self.norm_eps = H, D, cfg.norm_eps
         self.kernel, self.chunk_size = cfg.kernel, cfg.titans_chunk_size
         self.grad_clip, self.arrangement = cfg.titans_grad_clip, cfg.titans_arrangement
+        # the bound on each token's theta / (1 - eta), or None (ModelConfig.titans_max_step)
+        bound = cfg.titans_step_bound
+        self.token_step = None if bound is None else bound / cfg.titans_chunk_size
         self.attn = Attention(dataclasses.replace(cfg, mixer="attention", window=cfg.titans_window))
         self.qkv = nn.Linear(C, 3 * C, bias=False)
         # Titans' depthwise causal convolution after the q, k, v projections (as DeltaNet's): a
@@ -63,7 +64,9 @@ class Titans(nn.Module):
         self.gate_widths = [3 * H, C if self.arrangement == "mag" else 0]
         self.gate_proj = nn.Linear(C, sum(self.gate_widths), bias=False)
         # the sigmoid's inverse of the initial values, by tensor ops (also under a meta device)
-        inits = torch.tensor([THETA_INIT, ALPHA_INIT, ETA_INIT]).repeat_interleave(H)
+        theta_sigmoid = TITANS_THETA_INIT if self.token_step is None else TITANS_THETA_SIGMOID_INIT
+        inits = torch.tensor([theta_sigmoid, TITANS_ALPHA_INIT, TITANS_ETA_INIT])
+        inits = inits.repeat_interleave(H)
         self.gate_bias = nn.Parameter(torch.log(inits / (1 - inits)))
         dims = [D] + [cfg.titans_expansion * D] * (cfg.titans_depth - 1) + [D]
         self.memory = nn.ParameterList(
@@ -113,6 +116,9 @@ class Titans(nn.Module):
         memory_state = None if state is None else self._unpack(state)
         # (B, T, H) each
         theta, alpha, eta = torch.sigmoid(gates + self.gate_bias).view(B, T, 3, H).unbind(2)
+        if self.token_step is not None:
+            # a chunk's summed step stays <= titans_max_step (ModelConfig.titans_max_step)
+            theta = self.token_step * (1 - eta) * theta
         weights = list(self.memory)
         options = dict(kernel=self.kernel, chunk_size=self.chunk_size, grad_clip=self.grad_clip)
         if memory_state is not None and T == 1:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ltm.model.config import ModelConfig
 from ltm.model.decoding import Sampling, generate_tokens
 from ltm.model.lm import LTM, build_mixer
+from ltm.model import titans as titans_module
 from ltm.model.mixers import make_mixer
 from ltm.model.titans import Titans
+from ltm.ops.titans.chunk import chunk_titans_memory
 from ltm.params import ParamsError, from_mapping
 from reference import DEVICE, case_seed, rel_err
 
@@ -95,38 +98,97 @@ def test_the_mixer_factories():
     assert "\n" not in str(info.value)
 
 
-def test_gates_start_where_documented():
-    mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans"))
-    theta, alpha, eta = torch.sigmoid(mixer.gate_bias.detach()).view(3, 2)
-    assert torch.allclose(theta, torch.tensor(0.1)) and torch.allclose(alpha, torch.tensor(0.01))
-    assert torch.allclose(eta, torch.tensor(0.1))
+def gates_seen(mixer: Titans, x: torch.Tensor, monkeypatch) -> tuple[torch.Tensor, ...]:
+    """theta, alpha, eta (B, T, H) as the mixer hands them to its memory on input x."""
+    seen = {}
+
+    def spy(q, k, v, theta, alpha, eta, weights, **options):
+        seen["gates"] = theta, alpha, eta
+        return original(q, k, v, theta, alpha, eta, weights, **options)
+
+    original = titans_module.titans_memory
+    monkeypatch.setattr(titans_module, "titans_memory", spy)
+    mixer(x)
+    return seen["gates"]
+
+
+@pytest.mark.parametrize("max_step", [1.0, None])
+def test_gates_start_where_documented(max_step, monkeypatch):
+    mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans",
+                               titans_max_step=max_step))
+    # with the input projection at zero, every gate sits at its initial value: theta 0.1 unbounded,
+    # else 3/4 of its bound (max_step / chunk) (1 - eta)
+    torch.nn.init.zeros_(mixer.gate_proj.weight)
+    theta, alpha, eta = gates_seen(mixer, torch.randn(1, 5, 16), monkeypatch)
+    theta_init = 0.1 if max_step is None else 0.75 * max_step / 16 * (1 - 0.1)
+    assert torch.allclose(theta, torch.tensor(theta_init))
+    assert torch.allclose(alpha, torch.tensor(0.01)) and torch.allclose(eta, torch.tensor(0.1))
     # the memory's last layer starts at zero: it reads zero before learning anything
     assert mixer.memory[-1].abs().sum() == 0 and mixer.memory[0].abs().sum() > 0
 
 
-@pytest.mark.parametrize("mapping, message", [
-    ({"mixer": "titans", "titans_arrangement": "mac"},
-     "model.titans_arrangement: expected 'mag' or 'mal', got 'mac'"),
-    ({"mixer": "titans", "titans_depth": 0}, "model.titans_depth: must be >= 1, got 0"),
-    ({"mixer": "titans", "titans_window": 0}, "model.titans_window: must be >= 1, got 0"),
-    ({"mixer": "titans", "titans_chunk_size": 0}, "model.titans_chunk_size: must be >= 1, got 0"),
-    ({"mixer": "titans", "titans_grad_clip": 0.0},
-     "model.titans_grad_clip: must be > 0 or null, got 0.0"),
-    ({"mixer": "titans", "kernel": "triton", "titans_depth": 3},
-     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
-    ({"mixer": "titans", "kernel": "triton", "titans_depth": 1, "titans_chunk_size": 8},
-     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
-    ({"mixer": "titans", "kernel": "triton", "titans_chunk_size": 64},
-     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
-    ({"mixer": "titans", "kernel": "fla"}, "model.kernel: fla computes the titans memory only"),
-    ({"mixer": "titans", "d_model": 30, "n_heads": 10},
-     "model.d_model: attention needs an even head size for RoPE"),
-    ({"mixer": "titans", "window": 8}, "model.window: applies to mixer 'attention' only"),
-])
-def test_bad_config_is_one_clear_line(mapping, message):
-    with pytest.raises(ParamsError) as info:
-        from_mapping(ModelConfig, mapping, "model")
-    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+def test_a_chunks_summed_step_stays_under_the_max_step(monkeypatch):
+    """chunk * theta / (1 - eta) <= titans_max_step for any input, however large the gates'
+    inputs; and without the bound, the same input takes larger steps (the bound is not vacuous)."""
+    x = 8 * torch.randn(2, 40, 16, dtype=torch.float64)
+    steps = {}
+    for max_step in (1.0, None):
+        torch.manual_seed(0)
+        mixer = Titans(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans",
+                                   titans_chunk_size=8, titans_max_step=max_step)).double()
+        theta, _, eta = gates_seen(mixer, x, monkeypatch)
+        steps[max_step] = 8 * (theta / (1 - eta)).max().item()
+    assert steps[1.0] <= 1.0 * (1 + 1e-6) < steps[None]
+
+
+def test_auto_bounds_deep_memories_only_and_bad_values_fail_in_one_line(monkeypatch):
+    """titans_max_step auto: no bound for the linear memory (it trains unbounded at T 8192), 0.4
+    for depth 2 and deeper; the mixer's gates follow the resolved bound."""
+    cfg = lambda **kw: ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans", **kw)  # noqa: E731
+    assert cfg(titans_depth=1).titans_step_bound is None
+    assert cfg(titans_depth=2).titans_step_bound == cfg(titans_depth=3).titans_step_bound == 0.4
+    assert cfg(titans_depth=1, titans_max_step=0.7).titans_step_bound == 0.7
+    assert cfg(titans_depth=2, titans_max_step=None).titans_step_bound is None
+    x = 8 * torch.randn(1, 32, 16, generator=torch.Generator().manual_seed(0))
+    for depth, bound in ((1, None), (2, 0.4)):
+        theta, _, eta = gates_seen(Titans(cfg(titans_depth=depth)), x, monkeypatch)
+        step = 16 * (theta / (1 - eta)).max().item()
+        assert (step <= bound * (1 + 1e-6)) if bound else step > 0.4
+    with pytest.raises(ParamsError, match="titans_max_step"):
+        cfg(titans_max_step=-1.0)
+
+
+def far_to_near_key_grad(theta: float, eta: float, T: int = 2048) -> float:
+    """How strongly the depth-2 memory's last 64 outputs depend on the first 256 keys against the
+    last 256 (largest |d(loss)/dk_t| in each span): D 64, hidden 128, chunk 16, clip 1.0, float64,
+    the chunked form, unit keys that drift slowly (neighbours nearly equal, as after the short
+    convolution), constant gates and alpha 5e-4. A stable memory forgets: < 1; a chaotic one
+    amplifies what it read long ago: >> 1."""
+    g = torch.Generator().manual_seed(0)
+    D, hidden = 64, 128
+    noise = torch.randn(1, T, 1, D, generator=g, dtype=torch.float64)
+    walk = torch.cumsum(torch.randn(1, T, 1, D, generator=g, dtype=torch.float64), 1)
+    k = F.normalize(0.99 * F.normalize(walk, dim=-1) + 0.01 * F.normalize(noise, dim=-1), dim=-1)
+    k.requires_grad_()
+    q = F.normalize(torch.randn(1, T, 1, D, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, T, 1, D, generator=g, dtype=torch.float64)
+    weights = [torch.randn(1, D, hidden, generator=g, dtype=torch.float64) * D ** -0.5,
+               torch.zeros(1, hidden, D, dtype=torch.float64)]
+    gates = [torch.full((1, T, 1), x, dtype=torch.float64) for x in (theta, 5e-4, eta)]
+    o, _ = chunk_titans_memory(q, k, v, *gates, weights, chunk_size=16, grad_clip=1.0)
+    (o[:, -64:] * torch.randn(o[:, -64:].shape, generator=g, dtype=torch.float64)).sum().backward()
+    dk = k.grad.norm(dim=-1)[0, :, 0]
+    return (dk[:256].max() / dk[-256:].max()).item()
+
+
+def test_the_max_step_keeps_the_deep_memory_from_amplifying_the_past():
+    """The failure the bound exists for: with a chunk's summed step at 16 * 0.3 / (1 - 0.67) =
+    14.5, the last outputs depend on keys 1,800 tokens back far more than on the recent ones
+    (chaos: float32 loses such gradients); at the default bound's edge (a summed step of 1.0, at
+    no and at strong momentum) the old keys matter less than the recent ones."""
+    assert far_to_near_key_grad(0.3, 0.67) > 100
+    for eta in (0.0, 0.9):
+        assert far_to_near_key_grad(1.0 / 16 * (1 - eta), eta) < 1
 
 
 def tiny_lm(seed: int = 0, **overrides) -> LTM:
