@@ -10,17 +10,14 @@ step's forward and backward to the activations, no weight gradients: flops_per_t
 2 FLOPs per weight (see inner_flops_per_token), an estimate.
 
 Each model has its own checkpoint folder, resumable like the main one: the main model in
-checkpoint_dir, the counterparts in subfolders (SUBFOLDERS). On a CPU the models train side by
-side, a process per core (`side_by_side`), each seeding itself as it would here.
+checkpoint_dir, the counterparts in subfolders (SUBFOLDERS).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 from pathlib import Path
-
 import torch
 
 from ltm.latent.posterior import LatentConfig
@@ -29,7 +26,6 @@ from ltm.train.settings import CounterpartConfig, TrainConfig, TrainResult
 from ltm.model.lm import LTM
 from ltm.train.trainer import run_training
 from ltm.data.batches import with_vocab
-from ltm.workers import cpu_workers, run_jobs
 
 # checkpoint subfolders of checkpoint_dir, and the names of the models in the comparison
 LATENT, PLAIN, PLAIN_FLOPS = "latent", "plain", "plain-equal-flops"
@@ -113,41 +109,27 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
     return {"model": name, "note": note, **{k: m[k] for k in keys if k in m}}
 
 
-def equal_flops_steps(latent_flops: float, latent_steps: int, latent_tokens_per_step: int,
-                      plain_flops: float, plain_tokens_per_step: int) -> int:
-    """The plain model's steps for the latent model's training FLOPs (rounded up)."""
-    budget = latent_flops * latent_steps * latent_tokens_per_step
-    return math.ceil(budget / (plain_flops * plain_tokens_per_step))
-
-
 def _equal_flops_counterpart(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str, out_dir: Path,
-                             progress: bool, say, runs: dict,
-                             ahead: tuple[int, TrainResult] | None = None) -> tuple[dict, int | None]:
+                             progress: bool, say, runs: dict) -> tuple[dict, int | None]:
     """The plain model trained for the latent model's training FLOPs (added to `runs`), or why not
-    (over train.counterpart.max_equal_flops_steps): its comparison row and its steps (None).
-    ahead: (steps, result) of the same model trained beside the others for steps planned from the
-    configuration, used when the trained runs give the same steps."""
+    (over train.counterpart.max_equal_flops_steps): its comparison row and its steps (None)."""
     cp = cfg.counterpart
-    (_, latent, latent_flops), (_, plain, plain_flops) = runs[LATENT], runs[PLAIN]
-    steps = equal_flops_steps(latent_flops, latent.metrics["steps"],
-                              latent.metrics["tokens_per_step"], plain_flops,
-                              plain.metrics["tokens_per_step"])
+    latent_result, latent_flops = runs[LATENT][1], runs[LATENT][2]
+    plain_flops = runs[PLAIN][2]
+    budget = latent_flops * latent_result.metrics["steps"] * latent_result.metrics["tokens_per_step"]
+    steps = math.ceil(budget / (plain_flops * runs[PLAIN][1].metrics["tokens_per_step"]))
     role = "counterpart: equal FLOPs"
     if steps > cp.max_equal_flops_steps:
         why = (f"skipped: over the cap (needs {steps} steps for the latent model's "
-               f"{latent_flops * latent.metrics['steps'] * latent.metrics['tokens_per_step']:.3g} "
-               f"training FLOPs; train.counterpart.max_equal_flops_steps is "
+               f"{budget:.3g} training FLOPs; train.counterpart.max_equal_flops_steps is "
                f"{cp.max_equal_flops_steps})")
         say(f"plain model at equal training FLOPs {why}")
         return _skipped(PLAIN_FLOPS, role, why), None
-    if ahead is not None and ahead[0] == steps:
-        result = ahead[1]
-    else:
-        say(f"counterpart (plain, equal training FLOPs: {steps} steps) in "
-            f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}")
-        result = run_training(dataclasses.replace(model_cfg, n_latent=0),
-                              dataclasses.replace(_normalised(cfg), steps=steps), cache_dir,
-                              str(out_dir / SUBFOLDERS[PLAIN_FLOPS]), progress)
+    plain_train = dataclasses.replace(_normalised(cfg), steps=steps)
+    say(f"counterpart (plain, equal training FLOPs: {steps} steps) in "
+        f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}")
+    result = run_training(dataclasses.replace(model_cfg, n_latent=0), plain_train, cache_dir,
+                          str(out_dir / SUBFOLDERS[PLAIN_FLOPS]), progress)
     runs[PLAIN_FLOPS] = (role, result, plain_flops)
     return _row(PLAIN_FLOPS, role, result, plain_flops), steps
 
@@ -168,50 +150,11 @@ def remove_stale_counterparts(out_dir: Path, used: set[str], say=print) -> list[
     return removed
 
 
-def side_by_side(cfg: TrainConfig, jobs: int) -> int:
-    """Processes for the stage's models at once: train.counterpart.workers on a CPU (small models
-    use a second core poorly within one process; ltm.workers), when one process trains (no
-    torchrun), a batch size is set and batches are made in the loop; else 1, in turn here."""
-    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.batch_size == "auto"
-            or cfg.opt.workers > 0):
-        return 1
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return cpu_workers(cfg.counterpart.workers, jobs, torch.device("cuda" if cuda else "cpu"))
-
-
-def _other_model(model_cfg: ModelConfig, cfg: TrainConfig,
-                 latent_main: bool) -> tuple[str, ModelConfig, TrainConfig, int]:
-    """The counterpart at equal tokens: (name, model, training, inner passes per batch)."""
-    if latent_main:  # the plain model at equal tokens
-        return PLAIN, dataclasses.replace(model_cfg, n_latent=0), _normalised(cfg), 0
-    other_train = _latent_train_cfg(cfg, cfg.counterpart)
-    return (LATENT, dataclasses.replace(model_cfg, n_latent=cfg.counterpart.n_latent), other_train,
-            inner_passes(other_train.latent))
-
-
-def _train_all(jobs: dict[str, tuple], cache_dir: str, progress: bool, workers: int,
-               say) -> dict[str, TrainResult]:
-    """run_training for each named (model, training, folder), `workers` at once (progress bars
-    only in this process, a line per finished model from workers); the latent model first."""
-    names = sorted(jobs, key=lambda n: n != LATENT)
-
-    def done(index: int, result: TrainResult) -> None:
-        m = result.metrics
-        say(f"trained {names[index]}: {m['steps']} steps in {m.get('seconds', 0):.0f} s, "
-            f"val loss {m['val_loss']:.3f}")
-
-    results = run_jobs(run_training, [(*jobs[n][:2], cache_dir, str(jobs[n][2]),
-                                       progress and workers == 1) for n in names], workers,
-                       done if workers > 1 else None)
-    return dict(zip(names, results))
-
-
 def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
                             out_dir: str | Path, progress: bool = True,
                             say=print) -> TrainResult:
     """Train the configured model in out_dir, then (train.counterpart.enabled) its counterpart at
-    equal training tokens and a plain model at equal training FLOPs, each in its subfolder; on a
-    CPU side by side (side_by_side), the last one's steps planned from the configuration. The
+    equal training tokens and a plain model at equal training FLOPs, each in its subfolder. The
     result is the configured model's, its metrics extended by `comparison`, `latent_model` and
     `counterparts` (each counterpart's metrics), and `compared` holds every model's loss curve
     (history rows with a `model` key)."""
@@ -220,49 +163,42 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
     used = set() if not cp.enabled else {PLAIN if latent_main else LATENT} | (
         {PLAIN_FLOPS} if cp.equal_flops else set())
     remove_stale_counterparts(out_dir, used, say)
+    main = run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
     if not cp.enabled:
-        return run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
+        return main
     resolved = with_vocab(model_cfg, cache_dir, "synthetic" if cfg.data == "synthetic" else "cache")
+    runs: dict[str, tuple[str, TrainResult, float]] = {}
     main_name = LATENT if latent_main else PLAIN
-    other, other_cfg, other_train, other_passes = _other_model(model_cfg, cfg, latent_main)
-    flops = {main_name: flops_of(resolved, cfg.seq_len, inner_passes(cfg.latent) if latent_main else 0),
-             other: flops_of(dataclasses.replace(resolved, n_latent=other_cfg.n_latent),
-                             cfg.seq_len, other_passes)}
-    jobs = {main_name: (model_cfg, _normalised(cfg), out_dir),
-            other: (other_cfg, other_train, out_dir / SUBFOLDERS[other])}
+    main_flops = flops_of(resolved, cfg.seq_len, inner_passes(cfg.latent) if latent_main else 0)
+    runs[main_name] = ("configured", main, main_flops)
+
+    if latent_main:  # the plain model at equal tokens
+        other_cfg, other_train = dataclasses.replace(model_cfg, n_latent=0), _normalised(cfg)
+        other_inner = other_passes = 0
+    else:  # the latent model at equal tokens
+        other_cfg = dataclasses.replace(model_cfg, n_latent=cp.n_latent)
+        other_train = _latent_train_cfg(cfg, cp)
+        other_inner = other_train.latent.steps
+        other_passes = inner_passes(other_train.latent)
+    other = LATENT if not latent_main else PLAIN
     say(f"counterpart ({other}, equal training tokens) in {out_dir / SUBFOLDERS[other]}"
-        + (f": n_latent {cp.n_latent}, {other_train.latent.steps} inner step"
-           f"{'' if other_train.latent.steps == 1 else 's'}" if other == LATENT else ""))
-    workers = side_by_side(cfg, 3 if cp.equal_flops else 2)
-    planned = None
-    if workers > 1 and cp.equal_flops:  # every model's tokens per step is the configured one
-        tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
-        planned = equal_flops_steps(flops[LATENT], cfg.steps, tokens, flops[PLAIN], tokens)
-        if planned <= cp.max_equal_flops_steps:
-            say(f"counterpart (plain, equal training FLOPs: {planned} steps) in "
-                f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}; {workers} models at once")
-            jobs[PLAIN_FLOPS] = (dataclasses.replace(model_cfg, n_latent=0),
-                                 dataclasses.replace(_normalised(cfg), steps=planned),
-                                 out_dir / SUBFOLDERS[PLAIN_FLOPS])
-    results = _train_all(jobs, cache_dir, progress, workers, say)
-    runs: dict[str, tuple[str, TrainResult, float]] = {
-        main_name: ("configured", results[main_name], flops[main_name]),
-        other: ("counterpart: equal tokens", results[other], flops[other])}
-    rows = [_row(name, role, res, f) for name, (role, res, f) in runs.items()]
+        + (f": n_latent {cp.n_latent}, {other_inner} inner step{'' if other_inner == 1 else 's'}"
+           if other == LATENT else ""))
+    result = run_training(other_cfg, other_train, cache_dir, str(out_dir / SUBFOLDERS[other]),
+                          progress)
+    runs[other] = ("counterpart: equal tokens", result,
+                   flops_of(dataclasses.replace(resolved, n_latent=other_cfg.n_latent),
+                            cfg.seq_len, other_passes))
+
+    curve_batches = (cfg.latent if latent_main else other_train.latent).eval_batches
+    rows = [_row(name, role, res, flops) for name, (role, res, flops) in runs.items()]
     extra: dict = {}
     if cp.equal_flops:
-        ahead = (planned, results[PLAIN_FLOPS]) if PLAIN_FLOPS in results else None
-        row, steps = _equal_flops_counterpart(model_cfg, cfg, cache_dir, out_dir, progress, say,
-                                              runs, ahead)
+        row, steps = _equal_flops_counterpart(model_cfg, cfg, cache_dir, out_dir, progress, say, runs)
         rows.append(row)
         if steps is not None:
             extra["equal_flops_steps"] = steps
-    curve_batches = (cfg.latent if latent_main else other_train.latent).eval_batches
-    return _with_comparison(results[main_name], runs, rows, extra, cfg, curve_batches)
 
-
-def _with_comparison(main: TrainResult, runs: dict, rows: list[dict], extra: dict,
-                     cfg: TrainConfig, curve_batches: int | None) -> TrainResult:
     compared = [dict(r, model=name) for name, (_, res, _) in runs.items() for r in res.history]
     metrics = dict(main.metrics)
     metrics["comparison"] = rows

@@ -74,13 +74,9 @@ class CounterpartConfig:
     # schedule), when it needs at most max_equal_flops_steps steps
     equal_flops: bool = True
     max_equal_flops_steps: int = 400
-    # on a CPU, models trained at once, a process each (0: one per core; 1: one after another
-    # here); on a GPU or under torchrun always one after another
-    workers: int = 0
 
     def __post_init__(self):
         check(self.n_latent >= 1, "n_latent", f"must be >= 1, got {self.n_latent}")
-        check(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         check(self.latent_steps is None or self.latent_steps >= 1, "latent_steps",
               f"must be >= 1 or null, got {self.latent_steps}")
         check(self.eval_steps is None or all(s >= 0 for s in self.eval_steps), "eval_steps",

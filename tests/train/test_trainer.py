@@ -2,7 +2,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -464,7 +463,7 @@ def test_every_command_line_error_is_one_line(cache_dir, tmp_path, monkeypatch):
 
 def counterpart_params(tmp_path: Path, cache_dir: str, n_latent: int = 0, **counterpart) -> Path:
     settings = dict(n_latent=2, latent_steps=1, eval_steps=[0, 2], eval_batches=1,
-                    max_equal_flops_steps=100, workers=1)
+                    max_equal_flops_steps=100)
     settings.update(counterpart)
     return write_params(tmp_path / "params.yaml", cache_dir,
                         dict(n_layers=1, d_model=32, n_heads=2, max_seq_len=32, n_latent=n_latent),
@@ -626,25 +625,3 @@ def test_an_encoder_run_trains_saves_and_reports_its_encoder(cache_dir, tmp_path
     assert all(math.isfinite(v) for v in m["val_nelbo_by_steps"].values())
     loaded = ckpt.load_model(tmp_path)
     assert torch.equal(loaded.encoder.head.weight, trainer.model.encoder.head.weight)
-
-
-def test_models_side_by_side_train_what_they_train_one_after_another(cache_dir, tmp_path, capsys):
-    """train.counterpart.workers 2 (the CPU default's one per core): the three models in two
-    processes, the equal-FLOPs model's steps planned from the configuration; the same rows as
-    in turn, up to rounding."""
-    saved = {}
-    for workers in (1, 2):
-        folder = tmp_path / str(workers)
-        folder.mkdir()
-        params = counterpart_params(folder, cache_dir, workers=workers)
-        train_stage(params, str(folder / "ckpt"), folder / "train.json", folder / "loss.csv",
-                    progress=False)
-        saved[workers] = json.loads((folder / "train.json").read_text())
-    said = capsys.readouterr().out
-    assert "2 models at once" in said
-    assert sorted(re.findall(r"^trained ([a-z-]+): ", said, re.M)) == [
-        "latent", "plain", "plain-equal-flops"]  # a line per model from the workers
-    assert saved[1]["equal_flops_steps"] == saved[2]["equal_flops_steps"]
-    for one, two in zip(saved[1]["comparison"], saved[2]["comparison"]):
-        assert (one["model"], one["steps"], one["tokens"]) == (two["model"], two["steps"], two["tokens"])
-        assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4)
