@@ -109,6 +109,12 @@ class RecallResult:
     seconds: float  # wall time of the whole benchmark
 
 
+# a training step's CPU time relative to attention's at the benchmark's defaults (one thread,
+# 2026-11-29: titans 206 ms, rwkv7 198, deltanet 87, attention 53, sliding window 44): the worker
+# pool starts the long runs first, so that no long run is left alone at the end
+CPU_STEP_COST = {"titans": 4.0, "rwkv7": 4.0, "deltanet": 2.0}
+
+
 def model_config(bench: RecallBench, entry: str, d_ff: int | None = None) -> ModelConfig:
     """The model of one `mixers` entry ("deltanet", "attention:window", ...)."""
     mixer, *options = entry.split(":")
@@ -245,13 +251,15 @@ def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
     held_out = recall_batch(bench.task(), bench.eval_sequences, seed=2 * bench.seed + 1)
     bins = distance_bins(bench.window, bench.seq_len)
     jobs = [(entry, seed) for seed in range(bench.seed, bench.seed + bench.seeds) for entry in configs]
+    # run longest first; the rows and curves keep the seed-major order above
+    order = sorted(jobs, key=lambda job: -CPU_STEP_COST.get(job[0].split(":")[0], 1.0))
     workers = cpu_workers(bench.workers, len(jobs), device)
     with tqdm(total=len(jobs) * bench.steps, desc="recall", unit="step", disable=not progress) as bar:
         in_process = bar if workers == 1 else None  # a worker's bar would not reach this one
         done = run_jobs(_train_and_score, [(configs[e], bench, e, s, held_out, bins, device, in_process)
-                                           for e, s in jobs], workers,
+                                           for e, s in order], workers,
                         lambda i, result: bar.update(0 if in_process else bench.steps))
-    done = dict(zip(jobs, done))
+    done = dict(zip(order, done))
     rows = [row for job in jobs for row in done[job][0]]
     curves = [point for job in jobs for point in done[job][1]]
     runs = pd.DataFrame(rows)[["mixer", "seed", "params", "bin", "low", "high", "n", "correct"]]

@@ -11,19 +11,29 @@ import pytest
 import torch
 from torch import nn
 
+import ltm.bench.recall as recall_module
 from ltm.bench.recall import (RecallBench, beyond_window, bench_recall, distance_bins, lr_factor,
                               margins_over_window, matched_configs, recall_accuracy, recall_metrics)
 from ltm.data.recall import RecallTask, recall_batch
 from ltm.model.lm import LTM
 from ltm.params import ParamsError
+from ltm.workers import run_jobs
 
 TINY = RecallBench(mixers=["attention", "attention:window", "deltanet"], steps=3, batch=4,
                    seq_len=32, window=4, n_pairs=3, n_keys=8, n_values=8, eval_sequences=8,
                    d_model=16, n_layers=1, n_heads=2, seeds=2, workers=1)
 
 
-def test_a_tiny_run_gives_every_mixer_and_bin():
+def test_a_tiny_run_gives_every_mixer_and_bin(monkeypatch):
+    started = []
+
+    def recorded(fn, jobs, *rest):
+        started.extend((job[2], job[3]) for job in jobs)
+        return run_jobs(fn, jobs, *rest)
+
+    monkeypatch.setattr(recall_module, "run_jobs", recorded)
     result = bench_recall(TINY, progress=False)
+    assert started[:2] == [("deltanet", 0), ("deltanet", 1)]  # the longest runs start first
     table = result.table
     assert list(table.columns) == ["mixer", "params", "bin", "low", "high", "accuracy", "se", "n",
                                    "correct", "seeds"]
@@ -36,6 +46,13 @@ def test_a_tiny_run_gives_every_mixer_and_bin():
     assert table["accuracy"].between(0, 1).all()
     assert list(result.curve.columns) == ["mixer", "seed", "step", "loss"]
     assert len(result.curve) == 2 * 3 * 3
+    # deltanet ran first (the longest on a CPU), yet rows and curves come seed-major, mixers in
+    # their listed order
+    seed_major = [(s, m) for s in (0, 1) for m in TINY.mixers]
+    assert list(result.runs[["seed", "mixer"]].drop_duplicates().itertuples(index=False,
+                                                                          name=None)) == seed_major
+    assert list(result.curve[["seed", "mixer"]].drop_duplicates().itertuples(index=False,
+                                                                           name=None)) == seed_major
     metrics = recall_metrics(result, TINY, "cpu")
     assert set(metrics["by_mixer"]) == set(TINY.mixers)
     assert metrics["best_beyond_window"]["mixer"] in TINY.mixers
