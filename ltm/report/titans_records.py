@@ -17,7 +17,8 @@ TITLE = "Titans memory on GPUs (recorded history)"
 def training_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
     """One row per training run of every record: tokens/s and, where the record also ran the
     DeltaNet model at the same length, the ratio to it (issue 56's targets: 0.7x linear, 0.5x
-    deep); a run that failed has no tokens/s and says why."""
+    deep); a run that failed has no tokens/s and says why in `note`, where a run that needed a
+    setting of its own says which."""
     rows = []
     for path, record in records:
         runs = record["training_tokens_per_s"]
@@ -28,11 +29,12 @@ def training_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
             base = base["tokens_per_s"] if isinstance(base, dict) else base
             rows.append({"run": name, "tokens/s": tokens,
                          "x DeltaNet": round(tokens / base, 3) if tokens and base else None,
-                         "failed": run.get("error", "") if isinstance(run, dict) else "",
+                         "note": (run.get("error") or run.get("note") or "")
+                         if isinstance(run, dict) else "",
                          "device": record["device"], "date": record.get("date"),
                          "record": path.name})
     table = pd.DataFrame(rows)
-    return table if table.empty or table.failed.any() else table.drop(columns="failed")
+    return table if table.empty or table.note.any() else table.drop(columns="note")
 
 
 def _newest_with_table(records: list[tuple[Path, dict]]) -> tuple[Path, dict] | None:

@@ -49,13 +49,17 @@ def test_the_note_is_the_table_records_and_the_newest_days_training_notes(tmp_pa
     assert "new table new runs later runs" in note and "old runs" not in note
 
 
-def test_a_failed_run_has_no_rate_and_says_why(tmp_path):
+def test_a_failed_run_has_no_rate_and_says_why_and_a_run_its_own_setting(tmp_path):
     _write(tmp_path, "a.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": {
         "deltanet-T8192": {"tokens_per_s": 300}, "titans-deep-T8192": {"tokens_per_s": None,
-                                                                        "error": "loss nan"}}})
+                                                                        "error": "loss nan"},
+        "titans-linear-T8192": {"tokens_per_s": 60, "note": "max step 0.2"}}})
     (training,) = titans_gpu_section(tmp_path).tables
-    failed = training.set_index("run").loc["titans-deep-T8192"]
-    assert pd.isna(failed["x DeltaNet"]) and pd.isna(failed["tokens/s"]) and failed.failed == "loss nan"
+    rows = training.set_index("run")
+    failed = rows.loc["titans-deep-T8192"]
+    assert pd.isna(failed["x DeltaNet"]) and pd.isna(failed["tokens/s"]) and failed.note == "loss nan"
+    assert rows.loc["titans-linear-T8192", "note"] == "max step 0.2"
+    assert rows.loc["titans-linear-T8192", "x DeltaNet"] == 0.2 and rows.loc["deltanet-T8192", "note"] == ""
 
 
 def test_a_file_that_is_no_such_record_is_an_error_naming_it(tmp_path):
