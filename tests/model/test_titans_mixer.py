@@ -158,6 +158,36 @@ def test_auto_bounds_deep_memories_only_and_bad_values_fail_in_one_line(monkeypa
         cfg(titans_max_step=-1.0)
 
 
+@pytest.mark.parametrize("mapping, message", [
+    ({"mixer": "titans", "titans_arrangement": "mac"},
+     "model.titans_arrangement: expected 'mag' or 'mal', got 'mac'"),
+    ({"mixer": "titans", "titans_depth": 0}, "model.titans_depth: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_window": 0}, "model.titans_window: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_chunk_size": 0}, "model.titans_chunk_size: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_grad_clip": 0.0},
+     "model.titans_grad_clip: must be > 0 or null, got 0.0"),
+    ({"mixer": "titans", "titans_max_step": 0.0},
+     "model.titans_max_step: must be > 0, auto or null, got 0.0"),
+    ({"mixer": "titans", "titans_max_step": "big"},
+     "model.titans_max_step: expected float or 'auto' or null, got 'big'"),
+    ({"mixer": "titans", "kernel": "triton", "titans_depth": 3},
+     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
+    ({"mixer": "titans", "kernel": "triton", "titans_depth": 1, "titans_chunk_size": 8},
+     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
+    ({"mixer": "titans", "kernel": "triton", "titans_chunk_size": 64},
+     "model.kernel: mixer 'titans' runs Triton only with titans_depth 1"),
+    ({"mixer": "titans", "kernel": "fla"}, "model.kernel: fla computes the titans memory only"),
+    ({"mixer": "titans", "d_model": 30, "n_heads": 10},
+     "model.d_model: attention needs an even head size for RoPE"),
+    ({"mixer": "titans", "window": 8}, "model.window: applies to mixer 'attention' only"),
+])
+def test_bad_config_is_one_clear_line(mapping, message):
+    with pytest.raises(ParamsError) as info:
+        from_mapping(ModelConfig, mapping, "model")
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+
 def far_to_near_key_grad(theta: float, eta: float, T: int = 2048) -> float:
     """How strongly the depth-2 memory's last 64 outputs depend on the first 256 keys against the
     last 256 (largest |d(loss)/dk_t| in each span): D 64, hidden 128, chunk 16, clip 1.0, float64,
