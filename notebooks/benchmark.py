@@ -12,10 +12,7 @@ params_path = "params.yaml"
 metrics_path = None
 plot_path = None
 plot_dir = None
-checkpoint_dir = None
-prior_metrics_path = None
 summary_path = None
-prior_plot_path = None
 
 # %%
 # %matplotlib inline
@@ -44,24 +41,6 @@ for figure in benchmark_figures(table):
     display(figure)
 
 # %% [markdown]
-# ## The learned prior over latent thoughts
-# Its samplers (1000-step DDPM, DPM-Solver++ at few evaluations) against z ~ N(0, I) and the plain
-# LM, on the train stage's models: time per z, distance to held-out posteriors, and the text
-# generated from those z scored by the plain LM (ltm/bench/prior.py states the estimators).
-
-# %%
-from ltm.stages.benchmark import prior_benchmark
-
-prior_paths = stage_paths("benchmark", checkpoint_dir=checkpoint_dir,
-                          prior_metrics_path=prior_metrics_path, prior_plot_path=prior_plot_path)
-prior_table, prior_metrics = prior_benchmark(
-    params_path, prior_paths["checkpoint_dir"], metrics_path=prior_paths["prior_metrics_path"],
-    plot_path=prior_paths["prior_plot_path"])
-display(pd.Series({k: v for k, v in prior_metrics.items() if not isinstance(v, (dict, list))},
-                  name="value").to_frame())
-prior_table.round(3)
-
-# %% [markdown]
 # ## The stage's headline metrics
 # What `dvc metrics diff` and `dvc exp show` compare (reports/metrics/benchmark.json).
 
@@ -69,5 +48,5 @@ prior_table.round(3)
 from ltm.stages.summary import benchmark_summary, write_summary
 
 summary_paths = stage_paths("benchmark", summary_path=summary_path)
-summary = write_summary(summary_paths["summary_path"], benchmark_summary(metrics, prior_metrics))
+summary = write_summary(summary_paths["summary_path"], benchmark_summary(metrics))
 pd.json_normalize(summary, sep=" / ").T.rename(columns={0: "value"})

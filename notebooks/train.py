@@ -14,6 +14,8 @@ metrics_path = None
 plot_path = None
 samples_path = None
 prior_metrics_path = None
+prior_bench_path = None
+prior_plot_path = None
 summary_path = None
 
 # %%
@@ -64,15 +66,29 @@ if latent.get("val_nelbo_by_steps"):
 # %% [markdown]
 # ## A learned prior over latent thoughts
 # A small diffusion model over z, trained on posterior samples of the latent model (params.yaml
-# `prior:`, ltm/latent/prior.py); the benchmark stage compares its samplers with N(0, I).
+# `prior:`, ltm/latent/prior.py), then its samplers against N(0, I) and the plain LM (`prior.bench`).
 
 # %%
-from ltm.stages.train import prior_stage
+from ltm.stages.prior import prior_benchmark, prior_stage
 
-prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path)
+prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path,
+                          prior_bench_path=prior_bench_path, prior_plot_path=prior_plot_path)
 prior_metrics = prior_stage(params_path, paths["checkpoint_dir"],
                             prior_paths["prior_metrics_path"])
 pd.Series({k: v for k, v in prior_metrics.items() if k != "curve"}, name="value").to_frame()
+
+# %% [markdown]
+# Its samplers (1000-step DDPM, DPM-Solver++ at few evaluations) against z ~ N(0, I) and the plain
+# LM: time per z, distance to held-out posteriors, and the text generated from those z scored by
+# the plain LM (ltm/bench/prior.py states the estimators).
+
+# %%
+prior_table, prior_bench = prior_benchmark(
+    params_path, paths["checkpoint_dir"], metrics_path=prior_paths["prior_bench_path"],
+    plot_path=prior_paths["prior_plot_path"])
+display(pd.Series({k: v for k, v in prior_bench.items() if not isinstance(v, (dict, list))},
+                  name="value").to_frame())
+prior_table.round(3)
 
 # %% [markdown]
 # Text sampled from the trained checkpoint (params.yaml `samples:`; also
@@ -93,5 +109,5 @@ from ltm.stages.summary import train_summary, write_summary
 
 summary_paths = stage_paths("train", summary_path=summary_path)
 summary = write_summary(summary_paths["summary_path"],
-                        train_summary(result.metrics, prior_metrics))
+                        train_summary(result.metrics, prior_metrics, prior_bench))
 pd.json_normalize(summary, sep=".").T.rename(columns={0: "value"})

@@ -13,14 +13,14 @@ from ltm.bench.recall import RecallBench
 from ltm.stages.benchmark import BenchmarkConfig
 from ltm.data.cache import DataConfig
 from ltm.model.lm import ModelConfig
-from ltm.latent.prior import PriorConfig
+from ltm.stages.prior import PriorSection
 from ltm.stages.report import ReportConfig
 from ltm.generate import SamplesConfig
 from ltm.study.settings import StudyConfig
 from ltm.train.settings import TrainConfig
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorConfig, "study": StudyConfig,
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "prior": PriorSection, "study": StudyConfig,
             "samples": SamplesConfig,
             "ablate": AblateConfig,
             "report": ReportConfig, "benchmark": BenchmarkConfig, "recall": RecallBench}

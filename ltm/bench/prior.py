@@ -49,7 +49,8 @@ from ltm.train.checkpoint import load_model
 
 @dataclass
 class PriorBench:
-    """`benchmark.prior`: samplers of the learned prior against N(0, I) and the plain LM."""
+    """`prior.bench`: samplers of the learned prior against N(0, I) and the plain LM (run by the
+    train stage right after the prior trains, ltm.stages.prior)."""
     enabled: bool = True
     eval_steps: list[int] = field(default_factory=lambda: [5, 10, 20, 50])  # DPM-Solver++
     baseline_steps: int = 1000  # ancestral DDPM: every step of the training schedule
@@ -274,7 +275,7 @@ def bench_prior(cfg: PriorBench, checkpoint_dir: str | Path, device: torch.devic
     """Rows (one per source) and a summary; ([], {"skipped": why}) without a trained prior."""
     folder = Path(checkpoint_dir) / PRIOR_DIR
     if not cfg.enabled:
-        return [], {"skipped": "benchmark.prior.enabled is false"}
+        return [], {"skipped": "prior.bench.enabled is false"}
     if not (folder / MODELS_FILE).is_file():
         return [], {"skipped": f"no trained prior in {folder} (prior.enabled false, or the "
                                "train stage trained no latent model)"}
@@ -285,7 +286,7 @@ def bench_prior(cfg: PriorBench, checkpoint_dir: str | Path, device: torch.devic
     post = torch.load(folder / POSTERIOR_FILE, map_location="cpu", weights_only=False)
     n_ref = len(post["heldout_mu"]) - cfg.samples
     if n_ref < 4:
-        raise ValueError(f"benchmark.prior.samples: {cfg.samples} needs more than that many held-out "
+        raise ValueError(f"prior.bench.samples: {cfg.samples} needs more than that many held-out "
                          f"posteriors (prior.heldout_sequences is {len(post['heldout_mu'])})")
     latent = load_model(Path(checkpoint_dir) / models["latent"], device)
     plain = load_model(Path(checkpoint_dir) / models["plain"], device)

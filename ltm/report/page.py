@@ -264,8 +264,8 @@ PRIOR_TABLE = {"source": "source", "sampler": "sampler", "evaluations": "evaluat
 
 
 def prior_section(results_dir: Path, plots_dir: Path) -> Section:
-    """The learned prior over latent thoughts (ltm.latent.prior; trained by the train stage, measured
-    by the benchmark stage): steps against quality, beside N(0, I) and the plain LM."""
+    """The learned prior over latent thoughts (ltm.latent.prior; trained and measured by the train
+    stage, ltm.stages.prior): steps against quality, beside N(0, I) and the plain LM."""
     title = "A learned prior over latent thoughts"
     table = _read_csv(plots_dir / "prior.csv")
     metrics = _read_json(results_dir / "prior.json") or {}

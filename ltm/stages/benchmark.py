@@ -16,7 +16,6 @@ from ltm.bench.kernels import KernelBenchConfig
 from ltm.bench.kernels import run as run_kernels
 from ltm.bench.latent import LatentBench, bench_latent
 from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
-from ltm.bench.prior import PRIOR_COLUMNS, PriorBench, bench_prior
 from ltm.model.lm import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
 
@@ -59,8 +58,6 @@ class BenchmarkConfig:
     kernels: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     # the inner loop of latent thoughts against a plain training step
     latent: LatentBench = field(default_factory=LatentBench)
-    # the learned prior over latent thoughts: samplers against N(0, I) (the train stage's models)
-    prior: PriorBench = field(default_factory=PriorBench)
 
     def __post_init__(self) -> None:
         check(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
@@ -146,21 +143,4 @@ def benchmark_stage(params_path: str | Path, metrics_path: str | Path, plot_path
     Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
     table.to_csv(plot_path, index=False)
     write_plot_tables(table, plot_dir)
-    return table, metrics
-
-
-def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
-                    plot_path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The learned prior's benchmark (benchmark.prior, ltm.bench.prior) on the train stage's
-    models in checkpoint_dir: its metrics (prior.json) and one row per source of z (plot_path,
-    also written with a header alone when skipped). Paths come from dvc.yaml."""
-    cfg = load_section(BenchmarkConfig, "benchmark", params_path)
-    rows, metrics = bench_prior(cfg.prior, checkpoint_dir, _device(cfg.device))
-    metrics = {"device": torch.cuda.get_device_name() if _device(cfg.device).type == "cuda"
-               else "cpu", **metrics}
-    table = pd.DataFrame(rows, columns=PRIOR_COLUMNS if not rows else None)
-    for path in (metrics_path, plot_path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(metrics_path).write_text(json.dumps(metrics, indent=1) + "\n")
-    table.to_csv(plot_path, index=False)
     return table, metrics

@@ -71,8 +71,10 @@ def study_summary(study: dict | None) -> dict:
     return out
 
 
-def train_summary(train: dict, prior: dict | None = None) -> dict:
-    """The train stage's headline: the model (`lm`), its counterparts and the prior's losses."""
+def train_summary(train: dict, prior: dict | None = None, prior_bench: dict | None = None) -> dict:
+    """The train stage's headline: the model (`lm`), its counterparts, the prior's losses and its
+    benchmark's two answers: how few solver evaluations match DDPM, and whether the prior beats
+    the best Gaussian."""
     out = {"lm": _model_summary(train)}
     counterparts = {name: _model_summary(metrics) for name, metrics in
                     (train.get("counterparts") or {}).items()}
@@ -85,6 +87,11 @@ def train_summary(train: dict, prior: dict | None = None) -> dict:
     if prior and prior.get("enabled", True) and "eval_loss_heldout" in prior:
         out["prior"] = _pick(prior, {"loss_heldout": "eval_loss_heldout",
                                      "loss_train": "eval_loss_train"}, LOSS_DECIMALS)
+    if prior_bench and "fewest_dpm_evaluations_matching_ddpm" in prior_bench:
+        out.setdefault("prior", {}).update({
+            "fewest_solver_evaluations_matching_ddpm": prior_bench["fewest_dpm_evaluations_matching_ddpm"],
+            "mmd2_over_best_gaussian": _round(prior_bench.get("prior_mmd2_over_best_gaussian"),
+                                              RATIO_DECIMALS)})
     return out
 
 
@@ -99,14 +106,9 @@ def ablate_summary(ablate: dict) -> dict:
     return out
 
 
-def benchmark_summary(benchmark: dict, prior: dict | None = None) -> dict:
-    """The benchmark stage's ratios (already its headline) and the prior's two answers: how few
-    solver evaluations match DDPM, and whether the prior beats the best Gaussian."""
-    out = {k: v for k, v in benchmark.items() if k not in ("torch",)}
-    if prior and "fewest_dpm_evaluations_matching_ddpm" in prior:
-        out["prior"] = {"fewest_solver_evaluations_matching_ddpm": prior["fewest_dpm_evaluations_matching_ddpm"],
-                        "mmd2_over_best_gaussian": _round(prior.get("prior_mmd2_over_best_gaussian"), RATIO_DECIMALS)}
-    return out
+def benchmark_summary(benchmark: dict) -> dict:
+    """The benchmark stage's ratios (already its headline)."""
+    return {k: v for k, v in benchmark.items() if k not in ("torch",)}
 
 
 def recall_summary(recall: dict) -> dict:

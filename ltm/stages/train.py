@@ -1,9 +1,9 @@
 """The train stage: the model of params.yaml's `model` and `train` sections trained (one run is
 `ltm.train.trainer.Trainer`; its settings are `ltm.train.settings`), then its counterparts
 (`ltm.train.counterpart`), and the metrics and loss curves written for DVC (`train_stage`); then
-the prior over latent thoughts of the `prior` section (`prior_stage`) and text sampled from the
-trained checkpoint with the `samples` section (`samples_stage`). The train notebook calls all
-three; the latent study is a stage of its own (ltm.stages.study).
+the prior over latent thoughts of the `prior` section, trained and measured (ltm.stages.prior),
+and text sampled from the trained checkpoint with the `samples` section (`samples_stage`). The
+train notebook calls them all; the latent study is a stage of its own (ltm.stages.study).
 
 Every speed optimisation is a switch under `train.opt` (see `ltm.train.settings.OptConfig`); `auto`
 picks per device. The data position is a micro-batch index (see ltm.data.batches), checkpoints are in
@@ -14,7 +14,7 @@ ltm.train.checkpoint.
 
 The command trains the model and its counterparts (`train_stage`) into runs/train/ by default
 (checkpoints, train.json, train_loss.csv), never into the stage's outputs, which DVC tracks; the
-stage itself also trains the prior, samples text and runs the study (the train notebook).
+stage itself also trains and measures the prior and samples text (the train notebook).
 """
 from __future__ import annotations
 
@@ -30,10 +30,8 @@ import pandas as pd
 from ltm.data.cache import cache_dir_of
 from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
-from ltm.latent.prior import PriorConfig
 from ltm.params import ParamsError, load_section, read_params
 from ltm.train.counterpart import train_with_counterparts
-from ltm.train.prior_trainer import train_stage_prior
 from ltm.train.settings import TrainingDiverged, TrainResult, load_configs
 
 
@@ -84,15 +82,6 @@ def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_pat
     if int(os.environ.get("RANK", "0")) == 0:
         write_outputs(result, metrics_path, plot_path)
     return result
-
-
-def prior_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
-                say=print) -> dict:
-    """The train stage's prior: params.yaml's `prior` section for the latent model the stage
-    trained, in checkpoint_dir/prior (ltm.train.prior_trainer); its metrics to metrics_path."""
-    cfg = load_section(PriorConfig, "prior", params_path)
-    model_cfg, train_cfg, cache_dir = load_configs(params_path)
-    return train_stage_prior(cfg, model_cfg, train_cfg, cache_dir, checkpoint_dir, metrics_path, say)
 
 
 def samples_stage(params_path: str | Path, checkpoint_dir: str | Path,

@@ -13,12 +13,11 @@ import yaml
 from ltm.train import checkpoint as ckpt
 from ltm.bench.prior import (PriorBench, frechet, frechet_from_stats, generative_nll, mmd2,
                              token_entropy)
-from ltm.stages.benchmark import prior_benchmark
 from ltm.data.cache import DataConfig, build_cache
 from ltm.latent.posterior import LatentConfig
 from ltm.model.lm import LTM, ModelConfig
 from ltm.params import ParamsError, from_mapping, to_dict
-from ltm.stages.train import prior_stage
+from ltm.stages.prior import prior_benchmark, prior_stage
 from ltm.report.page import prior_section
 
 
@@ -106,13 +105,13 @@ def test_token_entropy_and_generative_nll():
 
 
 @pytest.mark.parametrize("mapping,message", [
-    ({"eval_steps": [0, 5]}, "benchmark.prior.eval_steps: must all be >= 1"),
-    ({"samples": 2}, "benchmark.prior.samples: must be >= 4"),
-    ({"scales": [0.0]}, "benchmark.prior.scales: must all be > 0"),
+    ({"eval_steps": [0, 5]}, "prior.bench.eval_steps: must all be >= 1"),
+    ({"samples": 2}, "prior.bench.samples: must be >= 4"),
+    ({"scales": [0.0]}, "prior.bench.scales: must all be > 0"),
 ])
 def test_bad_params_are_one_line(mapping, message):
     with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("[", r"\[")):
-        from_mapping(PriorBench, mapping, "benchmark.prior")
+        from_mapping(PriorBench, mapping, "prior.bench")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +147,11 @@ def stage(tmp_path_factory):
         ckpt.save_checkpoint(root / folder / ckpt.CHECKPOINT_FILE, {
             "model": LTM(cfg).state_dict(), "model_cfg": to_dict(cfg), "train_cfg": train_cfg})
     params = {"data": {"cache_dir": str(cache)}, "model": to_dict(model),
-              "train": {"seq_len": 16, "device": "cpu"}, "prior": PRIOR,
-              "benchmark": {"device": "cpu", "prior": BENCH}}
+              "train": {"seq_len": 16, "device": "cpu"}, "prior": {**PRIOR, "bench": BENCH}}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
+    # the same with another benchmark setting: the prior's training is unchanged
+    params["prior"]["bench"] = {**BENCH, "samples": 9}
+    (root / "params-other-bench.yaml").write_text(yaml.safe_dump(params))
     return root
 
 
@@ -161,9 +162,10 @@ def test_the_train_stage_trains_a_prior_and_the_benchmark_measures_it(stage):
     assert trained["latent_model"] == "counterpart-latent" and trained["plain_model"] == "."
     assert trained["steps"] == 30 and trained["posterior_inner_steps"] == 2
     assert json.loads((stage / "prior_train.json").read_text())["steps"] == 30
-    # again: the posteriors are read back and the finished prior is resumed, not retrained
-    again = prior_stage(stage / "params.yaml", stage / "ckpt", stage / "prior_train.json",
-                        say=said.append)
+    # again, with another prior.bench: the posteriors are read back and the finished prior is
+    # resumed, not retrained (its benchmark's settings are no part of its training)
+    again = prior_stage(stage / "params-other-bench.yaml", stage / "ckpt",
+                        stage / "prior_train.json", say=said.append)
     assert again["run"] == "resumed at step 30"
     assert not any("fitted" in line for line in said[2:])
 
