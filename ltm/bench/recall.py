@@ -252,7 +252,7 @@ def bench_recall(bench: RecallBench, device: torch.device | str = "cpu",
     bins = distance_bins(bench.window, bench.seq_len)
     jobs = [(entry, seed) for seed in range(bench.seed, bench.seed + bench.seeds) for entry in configs]
     # run longest first; the rows and curves keep the seed-major order above
-    order = sorted(jobs, key=lambda job: -CPU_STEP_COST.get(job[0].split(":")[0], 1.0))
+    order = sorted(jobs, key=lambda job: -CPU_STEP_COST.get(configs[job[0]].mixer, 1.0))
     workers = cpu_workers(bench.workers, len(jobs), device)
     with tqdm(total=len(jobs) * bench.steps, desc="recall", unit="step", disable=not progress) as bar:
         in_process = bar if workers == 1 else None  # a worker's bar would not reach this one

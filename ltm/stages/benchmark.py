@@ -15,6 +15,7 @@ import torch
 from ltm.bench.kernels import KernelBenchConfig
 from ltm.bench.kernels import run as run_kernels
 from ltm.bench.latent import LatentBench, bench_latent
+from ltm.device import resolve_device
 from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
 from ltm.model.lm import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
@@ -61,12 +62,6 @@ class BenchmarkConfig:
 
     def __post_init__(self) -> None:
         check(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _mixer_rows(model_cfg: ModelConfig, cfg: MixerBench, device: torch.device) -> list[dict]:
@@ -131,7 +126,7 @@ def benchmark_stage(params_path: str | Path, metrics_path: str | Path, plot_path
     cfg = load_section(BenchmarkConfig, "benchmark", params_path)
     model_cfg = from_mapping(ModelConfig, read_params(params_path).get("model"), "model")
     model_cfg = dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or cfg.vocab_size)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device, "benchmark.device")
     rows = (_mixer_rows(model_cfg, cfg.mixers, device) + _generate_rows(model_cfg, cfg.generate, device)
             + _kernel_rows(cfg.kernels, device) + bench_latent(model_cfg, cfg.latent, device))
     table = pd.DataFrame(rows)

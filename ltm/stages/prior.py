@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from ltm.bench.prior import PRIOR_COLUMNS, PriorBench, bench_prior
+from ltm.device import resolve_device
 from ltm.latent.prior import PriorConfig
 from ltm.params import load_section
 from ltm.train.prior_trainer import train_stage_prior
@@ -49,12 +50,6 @@ def prior_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_pat
                              metrics_path, say)
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
                     plot_path: str | Path) -> tuple[pd.DataFrame, dict]:
     """The learned prior's benchmark (`prior.bench`, ltm.bench.prior) on the train stage's models
@@ -62,7 +57,7 @@ def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics
     (plot_path, written with a header alone when skipped). Paths come from dvc.yaml."""
     cfg = load_section(PriorSection, "prior", params_path)
     _, train_cfg, _ = load_configs(params_path)
-    device = _device(train_cfg.device)
+    device = resolve_device(train_cfg.device, "train.device")
     rows, metrics = bench_prior(cfg.bench, checkpoint_dir, device)
     metrics = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                **metrics}

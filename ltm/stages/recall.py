@@ -11,14 +11,8 @@ import pandas as pd
 import torch
 
 from ltm.bench.recall import RecallBench, bench_recall, recall_metrics
+from ltm.device import resolve_device
 from ltm.params import load_section
-
-
-def resolve_device(name: str) -> torch.device:
-    """recall.device: auto = CUDA when there is one."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 # the columns of the recall plot table (written with its header alone when recall.enabled is false)
@@ -31,7 +25,7 @@ def recall_benchmark(params_path: str | Path, metrics_path: str | Path, plot_pat
     one row per mixer and distance bin (plot_path). Returns (table, loss curve, metrics); the
     notebook shows no progress bar (a stored notebook keeps every update). Paths from dvc.yaml."""
     cfg = load_section(RecallBench, "recall", params_path)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "recall.device")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if cfg.enabled:
         result = bench_recall(cfg, device, progress)

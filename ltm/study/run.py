@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ltm.data.cache import DataConfig, read_meta
-from ltm.params import ParamsError, load_section
+from ltm.device import resolve_device
+from ltm.params import load_section
 from ltm.study.contenders import train_contenders
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
@@ -53,13 +54,6 @@ def encoder_buys(curves: list[dict], inner_steps: int) -> dict:
                      if first else {"steps_to_match": None,
                                     "best_bound": min(r["bound"] for r in curves if r["init"] == init)})
     return out
-
-
-def resolve_device(name: str) -> torch.device:
-    """study.device: auto = CUDA when there is one; cuda without one is a one-line error."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ParamsError("study.device: cuda asked for, but torch sees no CUDA device")
-    return torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
 
 
 def on_device(source: StudySource, device: torch.device) -> StudySource:
@@ -107,7 +101,7 @@ def run_study(cfg: StudyConfig, data: DataConfig, vocab_size: int, metrics_path:
     metrics: dict = {"enabled": cfg.enabled}
     if cfg.enabled:
         torch.manual_seed(cfg.seed)
-        device = resolve_device(cfg.device)
+        device = resolve_device(cfg.device, "study.device")
         torch.backends.cuda.matmul.allow_tf32 = device.type == "cuda"
         builders = {"testbed": lambda: synthetic_source(data, cfg),
                     "corpus": lambda: corpus_source(data.cache_dir, vocab_size, cfg)}
