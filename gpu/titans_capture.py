@@ -19,7 +19,7 @@ import sys
 import torch
 
 import ltm.model.titans as titans_mixer
-from ltm.kernels.titans.chunk import chunk_gates
+from ltm.kernels.titans.gates import chunk_gates
 from ltm.ops.titans import chunk_titans_memory
 
 ORIGINAL = titans_mixer.titans_memory

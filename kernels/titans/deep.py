@@ -3,9 +3,8 @@ public op `triton_chunk_titans_deep_memory`. The kernels: `deep_fwd.py` (forward
 state pass, then the outputs chunk-parallel) and `deep_bwd.py` (backward: chunk-parallel, then
 sequential); their formulas are `deep_reference.py`'s.
 
-As for the linear memory (`chunk.py`), the gate products come from `chunk_gates` in PyTorch, whose
-gradients to alpha and eta `torch.func.vjp` takes outside the kernels, and forward and backward
-are custom operators, opaque to torch.compile. The forward keeps, for the backward, every chunk's
+As for the linear memory (`chunk.py`), the gate products and their gradients to alpha and eta
+come from `gates.py`, and forward and backward are custom operators, opaque to torch.compile. The forward keeps, for the backward, every chunk's
 entering state ([B, H, NT + 1, ...] per weight and momentum, slot NT the final state) and z1, d1,
 d2 and g per token, so that the backward recomputes nothing sequential.
 """
@@ -14,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ltm.kernels.common import block_size, cdiv, check_dtype, check_head_dim, dot_precision, nan_buffer
-from ltm.kernels.titans.chunk import chunk_gates
 from ltm.kernels.titans.deep_bwd import _deep_bwd_local_kernel, _deep_bwd_state_kernel
 from ltm.kernels.titans.deep_fwd import _deep_output_kernel, _deep_states_kernel
+from ltm.kernels.titans.gates import triton_chunk_gates, triton_chunk_gates_bwd
 from ltm.ops.titans.memory import TRITON_DEEP_CHUNK_SIZES
 
 DEEP_CHUNK_SIZES = TRITON_DEEP_CHUNK_SIZES  # see ltm.ops.titans.memory
@@ -25,10 +24,13 @@ MAX_HIDDEN = 512
 
 
 def _dims(q: torch.Tensor, E: int, V: int, chunk: int, sequential: bool) -> dict:
-    """The kernels' sizes and launch options. Hidden tiles of 32: a program's largest live set,
-    a phase of the backward state kernel's third pass, holds about six (K or V) x BE float32
-    tiles of state and state gradient, 96 registers a thread at K = V = 64 with 4 warps (8 warps
-    above 64, as for the linear memory).
+    """The kernels' sizes and launch options. A program's largest live set, a phase of the
+    backward state kernel's third pass, holds about six (K or V) x BE float32 tiles of state and
+    state gradient. Heads up to 64 walk the hidden layer in tiles of 64 with 8 warps: on an H100
+    (K = V = 64, E = 128, chunk 16, bf16) forward+backward 21.9 ms against 24.0 with tiles of 32
+    and 4 warps at 8 x 2048 x 12, 51.7 against 65.8 ms at 2 x 8192 x 12 (tiles of 32 with 8
+    warps: 26.6 and 70.3; with 4 warps and two stages: 21.6 and 60.9). Wider heads keep tiles of
+    32 with 8 warps.
 
     The sequential kernels multiply in "tf32x3" whatever the input dtype: their products make
     the state, which carries its rounding from chunk to chunk through the non-linear memory. With
@@ -37,9 +39,10 @@ def _dims(q: torch.Tensor, E: int, V: int, chunk: int, sequential: bool) -> dict
     chunk-parallel kernels, whose rounding stays in their chunk, follow `dot_precision`."""
     K = q.shape[-1]
     precision = "tf32x3" if sequential else dot_precision(q.dtype, K)
+    hidden_tile = 64 if max(K, V) <= 64 else 32
     return dict(H=q.shape[2], K=K, E=E, V=V, BT=chunk, BK=block_size(K),
-                BE=min(block_size(E), 32), BV=block_size(V), PRECISION=precision,
-                num_warps=8 if max(K, V) > 64 else 4, num_stages=1)
+                BE=min(block_size(E), hidden_tile), BV=block_size(V), PRECISION=precision,
+                num_warps=8, num_stages=1)
 
 
 def _states(B: int, H: int, NT: int, K: int, E: int, V: int, dev: torch.device) -> list:
@@ -68,8 +71,7 @@ def _deep_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Te
     d2 = nan_buffer((B, H, rows, V), torch.float32, dev)
     g = nan_buffer((B, H, rows), torch.float32, dev)
     o = v.new_empty(v.shape)
-    with torch.no_grad():
-        a, b, gamma, ends, w_last, p_last = chunk_gates(alpha, eta, chunk)
+    a, b, gamma, ends, w_last, p_last = triton_chunk_gates(alpha, eta, chunk)
     _deep_states_kernel[(B * H,)](k, v, theta, ends, w_last, p_last, *states, z1, d1, d2, g, T, NT,
                                   clip or 1.0, USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
     _deep_output_kernel[(NT, B * H)](q, k, a, b, gamma, *states, z1, d1, d2, g, o, T, NT,
@@ -105,7 +107,7 @@ def _deep_bwd(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, alpha: torc
     B, T, H, K = q.shape
     E, V, NT = w1.shape[-1], do.shape[-1], cdiv(T, chunk)
     dev, rows = q.device, NT * chunk
-    gates, gates_vjp = torch.func.vjp(lambda a, e: chunk_gates(a, e, chunk), alpha, eta)
+    gates = triton_chunk_gates(alpha, eta, chunk)  # recomputed: [B, H, T, BT] at most
     a, b, gamma, ends, w_last, p_last = gates
     da, db, dgamma, dends, dw_last, dp_last = (torch.empty_like(x) for x in gates)
     dq, dk = (x.new_empty(x.shape) for x in (q, k))
@@ -127,8 +129,9 @@ def _deep_bwd(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, alpha: torc
         k, theta, ends, w_last, p_last, *states, z1, d1, d2, g, dg, dk_buf, dd1, dh1, dd2,
         *dstates, dk, dv, dtheta, dends, dw_last, dp_last, T, NT, clip or 1.0,
         USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
-    dalpha, deta = gates_vjp((da, db, dgamma, dends, dw_last, dp_last))
-    return (dq, dk, dv, dtheta.to(theta.dtype), dalpha.contiguous(), deta.contiguous(),
+    dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
+                                                              dp_last))
+    return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta,
             *(x[:, :, 0].contiguous() for x in dstates))
 
 

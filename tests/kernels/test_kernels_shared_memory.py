@@ -19,9 +19,10 @@ KERNELS = {
     "rwkv7": {"_prep_fwd_kernel", "_fwd_state_kernel", "_output_kernel", "_bwd_state_kernel",
               "_bwd_grad_kernel"},
     "titans": {"_titans_states_kernel", "_titans_output_kernel", "_titans_bwd_local_kernel",
-               "_titans_bwd_state_kernel", "_titans_bwd_keys_kernel"},
+               "_titans_bwd_state_kernel", "_titans_bwd_keys_kernel", "_gates_fwd_kernel",
+               "_gates_bwd_kernel"},
     "titans_deep": {"_deep_states_kernel", "_deep_output_kernel", "_deep_bwd_local_kernel",
-                    "_deep_bwd_state_kernel"},
+                    "_deep_bwd_state_kernel", "_gates_fwd_kernel", "_gates_bwd_kernel"},
 }
 
 

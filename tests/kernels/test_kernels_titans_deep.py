@@ -9,7 +9,7 @@ from reference import DEVICE, DTYPES, ON_GPU, TOLERANCE, case_seed, rel_err
 from titans_op_cases import triton_and_torch_from_any_state
 
 from ltm.kernels.titans import triton_chunk_titans_deep_memory
-from ltm.kernels.titans.chunk import chunk_gates
+from ltm.kernels.titans.gates import chunk_gates
 from ltm.kernels.titans.deep import _deep_fwd
 from ltm.kernels.titans.deep_reference import deep_chunk_backward, deep_chunk_forward
 from ltm.ops.titans import TitansState, chunk_titans_memory, naive_titans_memory

@@ -1,0 +1,147 @@
+"""Where the Titans memory's time goes on a GPU (issue 56): per-kernel device times of one
+forward+backward (torch.profiler), and the op's forward+backward under launch-option variants
+(warps, pipelining stages, the deep memory's hidden tile), each checked against the default
+options' output, beside our delta rule at the same (B, T, H, D).
+
+    python gpu/titans_profile.py [--shapes 8,2048,12,64 ...] [--out F.json]
+
+bf16 inputs as `ltm.bench.titans_depths` makes them (unit q, k; the mixer's gate ranges; clip
+1.0). A measurement script: it changes nothing it does not put back.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import ltm.kernels.titans.chunk as linear_kernel
+import ltm.kernels.titans.deep as deep_kernel
+from ltm.bench.timing import gpu_ms
+from ltm.bench.titans_depths import make_inputs, memory_weights
+from ltm.kernels.delta_rule import triton_chunk_delta_rule
+from ltm.ops.titans import titans_memory
+
+LINEAR_OPTIONS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2)]  # (num_warps, num_stages)
+DEEP_OPTIONS = [(4, 1, 32), (8, 1, 32), (4, 2, 32), (8, 2, 32), (8, 1, 64)]  # + hidden tile
+
+
+def memory_call(x: dict, weights: list, chunk: int):
+    def run():
+        out = titans_memory(x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], weights,
+                            kernel="triton", chunk_size=chunk, grad_clip=1.0)[0]
+        out.float().sum().backward()
+        return out
+    return run
+
+
+def kernel_times(run, reps: int = 5) -> list[dict]:
+    """Device time per kernel name per call, largest first."""
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key[:90], "ms": round(e.self_device_time_total / reps / 1e3, 4),
+             "calls": e.count // reps}
+            for e in prof.key_averages() if e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def with_options(patch, restore, run, leaves, ref):
+    patch()
+    try:
+        out = run().float()
+        err = ((out - ref).norm() / ref.norm()).item()
+        return {"ms": round(gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves), 4),
+                "rel_err_vs_default": err}
+    except Exception as e:  # a variant that does not compile is a finding, not a crash
+        return {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+    finally:
+        restore()
+
+
+def linear_variants(x, weights, chunk, leaves) -> list[dict]:
+    run = memory_call(x, weights, chunk)
+    ref = run().detach().float()
+    original = linear_kernel._launch_options
+    rows = []
+    for warps, stages in LINEAR_OPTIONS:
+        def patch(w=warps, s=stages):
+            linear_kernel._launch_options = lambda K, V: {"num_warps": w, "num_stages": s}
+        res = with_options(patch, lambda: setattr(linear_kernel, "_launch_options", original),
+                           run, leaves, ref)
+        rows.append({"depth": 1, "chunk": chunk, "num_warps": warps, "num_stages": stages, **res})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def deep_variants(x, weights, chunk, leaves) -> list[dict]:
+    run = memory_call(x, weights, chunk)
+    ref = run().detach().float()
+    original = deep_kernel._dims
+    rows = []
+    for warps, stages, tile in DEEP_OPTIONS:
+        def patched(*args, w=warps, s=stages, be=tile, **kw):
+            dims = original(*args, **kw)
+            dims.update(num_warps=w, num_stages=s, BE=be)
+            return dims
+
+        res = with_options(lambda p=patched: setattr(deep_kernel, "_dims", p),
+                           lambda: setattr(deep_kernel, "_dims", original), run, leaves, ref)
+        rows.append({"depth": 2, "chunk": chunk, "num_warps": warps, "num_stages": stages,
+                     "BE": tile, **res})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def shape_report(shape: str) -> dict:
+    B, T, H, D = (int(n) for n in shape.split(","))
+    x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
+    leaves = list(x.values())
+
+    def delta_rule():
+        out = triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
+        out.float().sum().backward()
+        return out
+    report = {"shape": shape,
+              "delta_rule_fwd_bwd_ms": round(gpu_ms(delta_rule, warmup_ms=10, rep_ms=100,
+                                                    grad_to_none=leaves), 4),
+              "delta_rule_kernels": kernel_times(delta_rule)[:8]}
+    print(json.dumps({k: v for k, v in report.items() if k != "delta_rule_kernels"}), flush=True)
+    lin_w = memory_weights(1, H, D, "cuda")
+    deep_w = memory_weights(2, H, D, "cuda")
+    report["profiles"] = {}
+    for name, weights, chunk in (("linear c16", lin_w, 16), ("linear c32", lin_w, 32),
+                                 ("linear c64", lin_w, 64), ("deep c16", deep_w, 16)):
+        rows = kernel_times(memory_call(x, weights, chunk))
+        report["profiles"][name] = rows[:14]
+        print(f"== {shape} {name}: device total {sum(r['ms'] for r in rows):.3f} ms", flush=True)
+        for r in rows[:14]:
+            print(f"   {r['ms']:8.4f} ms x{r['calls']:<3d} {r['kernel']}", flush=True)
+    report["variants"] = []
+    for chunk in (16, 64):
+        report["variants"] += linear_variants(x, lin_w, chunk, leaves)
+    report["variants"] += deep_variants(x, deep_w, 16, leaves)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["8,2048,12,64", "2,8192,12,64"])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import triton
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__}
+    print(json.dumps(env), flush=True)
+    reports = [shape_report(s) for s in args.shapes]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "reports": reports}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
