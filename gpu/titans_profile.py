@@ -23,8 +23,8 @@ from ltm.bench.titans_depths import make_inputs, memory_weights
 from ltm.kernels.delta_rule import triton_chunk_delta_rule
 from ltm.ops.titans import titans_memory
 
-LINEAR_OPTIONS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2)]  # (num_warps, num_stages)
-DEEP_OPTIONS = [(4, 1, 32), (8, 1, 32), (4, 2, 32), (8, 2, 32), (8, 1, 64)]  # + hidden tile
+LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
+DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32)]  # + hidden tile; default first
 
 
 def memory_call(x: dict, weights: list, chunk: int):
