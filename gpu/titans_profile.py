@@ -97,6 +97,22 @@ def deep_variants(x, weights, chunk, leaves) -> list[dict]:
     return rows
 
 
+def linear_chunks(shape: str) -> dict:
+    """The linear memory's forward+backward time and largest kernels per chunk size."""
+    B, T, H, D = (int(n) for n in shape.split(","))
+    x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
+    weights = memory_weights(1, H, D, "cuda")
+    report = {"shape": shape}
+    for chunk in (16, 32, 64):
+        run = memory_call(x, weights, chunk)
+        ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=list(x.values()))
+        top = [r for r in kernel_times(run) if not r["kernel"].startswith(("ltm::", "Generated"))]
+        report[f"c{chunk}"] = {"fwd_bwd_ms": round(ms, 4), "kernels": top[:6]}
+        print(json.dumps({"shape": shape, "chunk": chunk, "fwd_bwd_ms": round(ms, 4),
+                          "top": [(r["kernel"][:24], r["ms"]) for r in top[:4]]}), flush=True)
+    return report
+
+
 def shape_report(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
@@ -132,12 +148,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,2048,12,64", "2,8192,12,64"])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--linear-chunks", action="store_true",
+                        help="only the linear memory per chunk size (16, 32, 64)")
     args = parser.parse_args()
     import triton
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__}
     print(json.dumps(env), flush=True)
-    reports = [shape_report(s) for s in args.shapes]
+    reports = [(linear_chunks if args.linear_chunks else shape_report)(s) for s in args.shapes]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "reports": reports}, f, indent=1)

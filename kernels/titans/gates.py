@@ -17,8 +17,10 @@ gradients A-bar, D-bar of a and D,
     df = a' * (D^T A-bar) + colsum(D * (D-bar D'^T)),   a'_r = a_{r-1},
 and the same for e with E, P. D-bar = B-bar E^T + Gamma-bar P^T, P-bar = D^T Gamma-bar (+ p_last's
 row), E-bar = D^T B-bar (+ the end's). One program per chunk, batch and head; every tile is [BT]
-or [BT, BT] float32. Made in PyTorch these were about 60 small launches per op call and, at
-8 x 2048 x 12 x 64 (chunk 16) on an H100, about 2 of the linear memory's 6.5 ms.
+or [BT, BT] float32, multiplied in "tf32x3" (float32-level error on the tensor cores: "ieee"
+products of 64 x 64 tiles made the backward 10.5 ms at 8 x 2048 x 12, chunk 64, on an H100).
+Made in PyTorch these were about 60 small launches per op call and, at 8 x 2048 x 12 x 64 (chunk
+16) on an H100, about 2 of the linear memory's 6.5 ms (with these kernels: 2.6 ms).
 """
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out,
     a, E = tl.cumprod(f, 0), tl.cumprod(e, 0)
     D, P = _transfer(f, r, 0), _transfer(e, r, 0)
     b = tl.sum(D * E[None, :], 1)
-    gamma = tl.dot(D, P, input_precision="ieee")
+    gamma = tl.dot(D, P, input_precision="tf32x3")
     last = r == tl.minimum(T - 1 - c * BT, BT - 1)
     base = (i_bh * NT + c) * BT
     tl.store(a_out + base + r, a)
@@ -122,17 +124,23 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
                  + tl.where(last[:, None], tl.load(dw_last + base + r)[None, :], 0.0))
     lower = r[:, None] >= r[None, :]
     d_bar = tl.where(lower, b_bar[:, None] * E[None, :]
-                     + tl.dot(gamma_bar, tl.trans(P), input_precision="ieee"), 0.0)
-    p_bar = tl.where(lower, tl.dot(tl.trans(D), gamma_bar, input_precision="ieee")
+                     + tl.dot(gamma_bar, tl.trans(P), input_precision="tf32x3"), 0.0)
+    p_bar = tl.where(lower, tl.dot(tl.trans(D), gamma_bar, input_precision="tf32x3")
                      + tl.where(last[:, None], tl.load(dp_last + base + r)[None, :], 0.0), 0.0)
     e_bar = tl.sum(D * b_bar[:, None], 0) + tl.where(last, tl.load(dends + ends + 2), 0.0)
-    d_shift = tl.dot(d_bar, tl.trans(_transfer(f_prev, r, 1)), input_precision="ieee")
-    p_shift = tl.dot(p_bar, tl.trans(_transfer(e_prev, r, 1)), input_precision="ieee")
+    d_shift = tl.dot(d_bar, tl.trans(_transfer(f_prev, r, 1)), input_precision="tf32x3")
+    p_shift = tl.dot(p_bar, tl.trans(_transfer(e_prev, r, 1)), input_precision="tf32x3")
     df = tl.cumprod(f_prev, 0) * tl.sum(D * a_bar[:, None], 0) + tl.sum(D * d_shift, 0)
     de = tl.cumprod(e_prev, 0) * tl.sum(P * e_bar[:, None], 0) + tl.sum(P * p_shift, 0)
     offs = (i_b * T + t) * H + i_h
     tl.store(dalpha + offs, (-df).to(dalpha.dtype.element_ty), mask=mt)
     tl.store(deta + offs, de.to(deta.dtype.element_ty), mask=mt)
+
+
+def _warps(chunk: int) -> int:
+    # the backward holds about ten [BT, BT] float32 tiles: 40 registers a thread each at BT 64
+    # with 4 warps
+    return 4 if chunk <= 16 else 8
 
 
 def triton_chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int
@@ -146,7 +154,7 @@ def triton_chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int
     gamma = torch.empty((B, H, NT * chunk, chunk), **f32)
     ends = torch.empty((B, H, NT, 3), **f32)
     _gates_fwd_kernel[(NT, B * H)](alpha, eta, a, b, gamma, ends, w_last, p_last, T, NT, H=H,
-                                   BT=chunk, num_warps=4)
+                                   BT=chunk, num_warps=_warps(chunk))
     return a, b, gamma, ends, w_last, p_last
 
 
@@ -158,5 +166,5 @@ def triton_chunk_gates_bwd(alpha: torch.Tensor, eta: torch.Tensor, chunk: int,
     NT = cdiv(T, chunk)
     dalpha, deta = torch.empty_like(alpha), torch.empty_like(eta)
     _gates_bwd_kernel[(NT, B * H)](alpha, eta, *grads, dalpha, deta, T, NT, H=H, BT=chunk,
-                                   num_warps=4)
+                                   num_warps=_warps(chunk))
     return dalpha, deta
