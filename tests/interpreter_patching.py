@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
+import threading
 from types import ModuleType
 
 # the interpreter's pieces the skip's correctness rests on: how a patch is made, recorded and
@@ -80,9 +81,11 @@ def _skipping(interpreter: ModuleType, patch_lang):
     """`patch_lang` that a helper called inside a launch skips when every module its patch would
     touch has been patched since the launch started."""
     launch_code = interpreter.GridExecutor.__call__.__code__
-    in_force: list[_LaunchScope] = []  # the launches in progress
+    # the launches in progress, per thread: a helper skips only what its own thread's launch did
+    local = threading.local()
 
     def _patch_lang(fn):
+        in_force = local.__dict__.setdefault("launches", [])
         if sys._getframe(1).f_code is launch_code:
             return _LaunchScope(patch_lang(fn), _patched_modules(interpreter, fn), in_force)
         if not in_force:
