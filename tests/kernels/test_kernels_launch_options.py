@@ -44,12 +44,13 @@ def spy_on_launches(monkeypatch, dry: bool = False) -> list:
     return launched
 
 
-def default_launches(monkeypatch, xs) -> list:
-    """The launches of `run_delta_rule(xs)` with no option, from a dry run."""
+def default_launches(monkeypatch, xs) -> tuple[list, list]:
+    """The launches of `run_delta_rule(xs)` with no option, from a dry run, and its (unwritten)
+    outputs and gradients."""
     with monkeypatch.context() as mp:
         launched = spy_on_launches(mp, dry=True)
-        run_delta_rule(xs)
-    return launched
+        results = run_delta_rule(xs)
+    return launched, results
 
 
 def run_delta_rule(xs, **options):
@@ -91,7 +92,7 @@ def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypat
     options, patch = SWITCHES[switch]
     T = (4 if switch == "segments" else 1) * CHUNK + 7
     xs = make_inputs(1, T, 2, 64, 64, "strong", True, torch.bfloat16, case_seed())
-    default = default_launches(monkeypatch, xs)
+    default_launched, default = default_launches(monkeypatch, xs)
     launched = spy_on_launches(monkeypatch)
     given = run_delta_rule(xs, **options)
     given_launches = list(launched)
@@ -100,14 +101,15 @@ def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypat
         patch(mp)
         patched = run_delta_rule(xs)
     assert given_launches == launched, "the option launched otherwise than the patched module"
-    assert given_launches != default, "the option was ignored"
+    assert given_launches != default_launched, "the option was ignored"
     for name, a, b in zip(("o", "ht", "dq", "dk", "dv", "dbeta", "dg", "dh0"), given, patched):
         assert torch.equal(a, b), f"{name} differs from the patched module's"
+    assert len(default) == len(given)
 
 
 def test_options_naming_the_defaults_change_nothing(monkeypatch):
     xs = make_inputs(1, CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16, case_seed())
-    dry = default_launches(monkeypatch, xs)
+    dry, _ = default_launches(monkeypatch, xs)
     launched = spy_on_launches(monkeypatch)
     default = run_delta_rule(xs)
     ran = list(launched)
