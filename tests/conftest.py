@@ -7,6 +7,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# the interpreter re-patches triton.language at every call of a jit helper inside a kernel, the
+# kernel tests' largest cost on the CPU: skipped where already in force (tests/interpreter_patching.py)
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.interpreter_patching import install
+
+    install()
+
 # kernel buffers start as NaN in the tests, so an output element a kernel never writes fails them
 os.environ["LTM_POISON_BUFFERS"] = "1"
 

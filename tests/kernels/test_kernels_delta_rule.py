@@ -133,8 +133,8 @@ def test_without_final_state_and_with_scale():
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_no_decay_equals_a_decay_of_zeros_bit_for_bit(dtype):
     # g None skips the decays' loads in the prep (USE_G off) and gives no dg; exp(0) = 1 exactly,
-    # so the outputs and the other gradients are those of g = 0
-    xs = make_inputs(2, 2 * CHUNK + 9, 2, 32, 48, "none", True, dtype, case_seed())
+    # so the outputs and the other gradients are those of g = 0 (one sequence: g's switch is per call)
+    xs = make_inputs(1, 2 * CHUNK + 9, 2, 32, 48, "none", True, dtype, case_seed())
     q, k, v, beta, _, h0 = xs
     zeros = torch.zeros(beta.shape, device=beta.device, requires_grad=True)
     results = []
@@ -207,24 +207,27 @@ def test_other_value_blocks_match_the_token_loop(monkeypatch, path, dtype):
 
 
 # the backward's buffers in float32 or bfloat16 (`BWD_BUFFERS`; bfloat16 only with bf16 tiles,
-# heads >= 64): every mix, including dh_local and dh as two buffers of different dtypes
+# heads >= 64): every mix, including dh_local and dh as two buffers of different dtypes; one
+# sequence of two heads (the buffers' dtypes are per call, not per sequence)
 @pytest.mark.parametrize("choice", [("f32", "f32", "f32"), ("mid", "f32", "mid"), ("f32", "mid", "f32")],
                          ids=lambda c: "-".join(c))
 def test_backward_buffer_dtypes_match_the_token_loop(monkeypatch, choice):
     from ltm.kernels.delta_rule import chunk as launcher
     monkeypatch.setattr(launcher, "BWD_BUFFERS", dict(zip(("dd", "dh_local", "dh"), choice)))
-    check_against_token_loop(2, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16)
+    check_against_token_loop(1, 2 * CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16)
 
 
 @pytest.mark.parametrize("K", (64, 128))
 def test_prep_on_few_looping_programs_matches_the_token_loop(monkeypatch, K):
     # bf16 tiles take the prep on looping programs (`launch_choices._prep_persistent`); 3 programs
-    # for 2 x 2 x 6 chunks, so each takes several chunks of several heads, the last one a tail
+    # for 2 x 2 x 4 chunks, so each takes several chunks of several heads, the last one a tail
+    # (program p takes jobs p, p + 3, ... of the 16: 4 chunks, prime to the 3 programs, give each
+    # program every chunk position, the tail among them, over every head)
     from ltm.kernels.delta_rule import chunk as launcher
     monkeypatch.setattr(launcher.launch_choices, "PREP_PROGRAMS_PER_SM", 1)
     monkeypatch.setattr(launcher, "_sm_count", lambda device: 3)
     launched = spy_on_launches(monkeypatch)
-    check_against_token_loop(2, 5 * CHUNK + 9, 2, K, 64, "strong", True, torch.bfloat16)
+    check_against_token_loop(2, 3 * CHUNK + 9, 2, K, 64, "strong", True, torch.bfloat16)
     assert "delta_rule.prep" in launched
 
 

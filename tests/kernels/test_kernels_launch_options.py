@@ -22,16 +22,35 @@ def _described(value):
     return value
 
 
-def spy_on_launches(monkeypatch) -> list:
-    """Every tuner launch from here on: (kernel name, its arguments), tensors by dtype and shape."""
+class _NoRun:
+    """A kernel that runs nothing when launched."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def spy_on_launches(monkeypatch, dry: bool = False) -> list:
+    """Every tuner launch from here on: (kernel name, its arguments), tensors by dtype and shape.
+    `dry`: the tuner chooses as ever but no kernel runs (outputs stay unwritten), for the launches
+    alone: the launchers choose from shapes and options, never from a tensor's values, which
+    test_options_naming_the_defaults_change_nothing checks against a run."""
     launched = []
     launch = tuning.launch
 
     def spy(name, kernel, grid, configs, shape_class, kwargs, *args, **kw):
         launched.append((name, tuple(sorted((k, _described(v)) for k, v in kwargs.items()))))
-        return launch(name, kernel, grid, configs, shape_class, kwargs, *args, **kw)
+        return launch(name, _NoRun() if dry else kernel, grid, configs, shape_class, kwargs, *args, **kw)
     monkeypatch.setattr(tuning, "launch", spy)
     return launched
+
+
+def default_launches(monkeypatch, xs) -> tuple[list, list]:
+    """The launches of `run_delta_rule(xs)` with no option, from a dry run, and its (unwritten)
+    outputs and gradients."""
+    with monkeypatch.context() as mp:
+        launched = spy_on_launches(mp, dry=True)
+        results = run_delta_rule(xs)
+    return launched, results
 
 
 def run_delta_rule(xs, **options):
@@ -73,10 +92,8 @@ def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypat
     options, patch = SWITCHES[switch]
     T = (4 if switch == "segments" else 1) * CHUNK + 7
     xs = make_inputs(1, T, 2, 64, 64, "strong", True, torch.bfloat16, case_seed())
+    default_launched, default = default_launches(monkeypatch, xs)
     launched = spy_on_launches(monkeypatch)
-    default = run_delta_rule(xs)
-    default_launches = list(launched)
-    launched.clear()
     given = run_delta_rule(xs, **options)
     given_launches = list(launched)
     launched.clear()
@@ -84,7 +101,7 @@ def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypat
         patch(mp)
         patched = run_delta_rule(xs)
     assert given_launches == launched, "the option launched otherwise than the patched module"
-    assert given_launches != default_launches, "the option was ignored"
+    assert given_launches != default_launched, "the option was ignored"
     for name, a, b in zip(("o", "ht", "dq", "dk", "dv", "dbeta", "dg", "dh0"), given, patched):
         assert torch.equal(a, b), f"{name} differs from the patched module's"
     assert len(default) == len(given)
@@ -92,15 +109,17 @@ def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypat
 
 def test_options_naming_the_defaults_change_nothing(monkeypatch):
     xs = make_inputs(1, CHUNK + 7, 2, 64, 64, "weak", True, torch.bfloat16, case_seed())
+    dry, _ = default_launches(monkeypatch, xs)
     launched = spy_on_launches(monkeypatch)
     default = run_delta_rule(xs)
-    default_launches = list(launched)
+    ran = list(launched)
+    assert dry == ran, "a dry run launched otherwise than a run"
     launched.clear()
     # at 4 programs on the CPU's assumed 132 SMs the rules fuse and overlap nothing
     named = run_delta_rule(xs, precision="bf16", inverse_by_squaring=True, fuse_output="none",
                            overlap_output="none", segments=(0, 2),
                            bwd_buffers=dict(delta_rule_chunk.BWD_BUFFERS))
-    assert launched == default_launches
+    assert launched == ran
     for a, b in zip(default, named):
         assert torch.equal(a, b)
 
@@ -148,7 +167,8 @@ def test_rwkv7_value_block_and_warps_launch_what_the_patched_launcher_did(monkey
     launched = []
     for name in ("_fwd_kernel", "_bwd_kernel"):
         monkeypatch.setattr(fused_recurrent, name, KernelSpy(getattr(fused_recurrent, name), launched))
-    xs = make_rwkv7_inputs(1, 40, 2, 32, 64, "strong", True, torch.float32, case_seed())
+    # one head: the value block and the warps change the launch per head alike
+    xs = make_rwkv7_inputs(1, 40, 1, 32, 64, "strong", True, torch.float32, case_seed())
     default = run_rwkv7(xs)
     default_launches = list(launched)
     launched.clear()
