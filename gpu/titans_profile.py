@@ -3,7 +3,9 @@ forward+backward (torch.profiler), and the op's forward+backward under launch-op
 (warps, pipelining stages, the deep memory's hidden tile), each checked against the default
 options' output, beside our delta rule at the same (B, T, H, D).
 
-    python gpu/titans_profile.py [--shapes 8,2048,12,64 ...] [--out F.json]
+    python gpu/titans_profile.py [--shapes 8,2048,12,64 ...] [--linear-chunks] [--out F.json]
+
+--linear-chunks: only the linear memory's forward+backward and largest kernels per chunk size.
 
 bf16 inputs as `ltm.bench.titans_depths` makes them (unit q, k; the mixer's gate ranges; clip
 1.0). A measurement script: it changes nothing it does not put back.
