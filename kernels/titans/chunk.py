@@ -29,8 +29,8 @@ def _launch_options(K: int, V: int) -> dict:
 # The op is two custom operators, forward and backward, opaque to torch.compile: traced, the gate
 # products' cumulative products became scan kernels for Inductor to compile in every layer (68 s
 # for a 2-layer model's first step on an H100, minutes for 12). Inside, the Triton launches run
-# eagerly. Options travel as plain scalars
-# (clip 0 = no clipping); outputs a call does not need are empty tensors.
+# eagerly. Options travel as plain scalars (clip 0 = no clipping); outputs a call does not need
+# are empty tensors.
 @torch.library.custom_op("ltm::titans_memory_fwd", mutates_args=())
 def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
                 alpha: torch.Tensor, eta: torch.Tensor, w0: torch.Tensor, s0: torch.Tensor,

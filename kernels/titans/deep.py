@@ -4,9 +4,10 @@ state pass, then the outputs chunk-parallel) and `deep_bwd.py` (backward: chunk-
 sequential); their formulas are `deep_reference.py`'s.
 
 As for the linear memory (`chunk.py`), the gate products and their gradients to alpha and eta
-come from `gates.py`, and forward and backward are custom operators, opaque to torch.compile. The forward keeps, for the backward, every chunk's
-entering state ([B, H, NT + 1, ...] per weight and momentum, slot NT the final state) and z1, d1,
-d2 and g per token, so that the backward recomputes nothing sequential.
+come from `gates.py`, and forward and backward are custom operators, opaque to torch.compile. The
+forward keeps, for the backward, every chunk's entering state ([B, H, NT + 1, ...] per weight and
+momentum, slot NT the final state) and z1, d1, d2 and g per token, so that the backward
+recomputes nothing sequential.
 """
 from __future__ import annotations
 

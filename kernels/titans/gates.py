@@ -8,19 +8,20 @@ tokens that forget nothing and keep all momentum), with f = 1 - alpha and e = et
     b = D E,   Gamma = D P,
 and at the chunk's last token L: the ends (a_L, b_L, E_L), Gamma's row L (w_last) and P's (p_last).
 
-The backward takes the gradients of those six outputs to f and e with no division by a product
-(alpha = 1 or eta = 0, a factor of exactly zero, stays exact): a product's derivative in one of
-its factors is the product of the factors before it and after it,
-    d a_t / d f_r = a_{r-1} D_tr,          d D_ts / d f_r = D_tr D_{r-1,s}   (s < r <= t),
-so, with the shifted transfer matrix D'_rs = D_{r-1,s} (s < r; 0 elsewhere) and the total
-gradients A-bar, D-bar of a and D,
-    df = a' * (D^T A-bar) + colsum(D * (D-bar D'^T)),   a'_r = a_{r-1},
-and the same for e with E, P. D-bar = B-bar E^T + Gamma-bar P^T, P-bar = D^T Gamma-bar (+ p_last's
-row), E-bar = D^T B-bar (+ the end's). One program per chunk, batch and head; every tile is [BT]
-or [BT, BT] float32, multiplied in "tf32x3" (float32-level error on the tensor cores: "ieee"
-products of 64 x 64 tiles made the backward 10.5 ms at 8 x 2048 x 12, chunk 64, on an H100).
-Made in PyTorch these were about 60 small launches per op call and, at 8 x 2048 x 12 x 64 (chunk
-16) on an H100, about 2 of the linear memory's 6.5 ms (with these kernels: 2.6 ms).
+The kernels use the recurrences these sums satisfy, row by row (rows t of Gamma and P; 0 before
+the first, delta_t the unit row):
+    b_t = f_t b_{t-1} + E_t,   P_t = e_t P_{t-1} + delta_t,   Gamma_t = f_t Gamma_{t-1} + P_t,
+each an associative scan of affine maps down the chunk; no tile product (a product of two 64 x 64
+tiles, float32-exact, spilled 1 to 6 KB a thread in these kernels on sm_90). The backward runs
+the adjoint recurrences up the chunk (c-tilde_t = c-bar_t + f_{t+1} c-tilde_{t+1}, the totals of
+each output's gradient) and collects, per factor, its gradient times what it multiplied:
+    df_t = a~_t a_{t-1} + b~_t b_{t-1} + rowsum(Gamma~_t * Gamma_{t-1}),
+    de_t = E~_t E_{t-1} + rowsum(P~_t * P_{t-1}),
+with P~ = P-bar + Gamma~ (scanned with e) and E-bar + b~ scanned into E~; the previous rows come
+from the same scans over the previous token's factors. No division by a product anywhere: alpha
+= 1 or eta = 0 (a factor of exactly zero) stays exact. One program per chunk, batch and head;
+every tile is [BT] or [BT, BT] float32. Made in PyTorch these were about 60 small launches per op
+call and, at 8 x 2048 x 12 x 64 (chunk 16) on an H100, about 2 of the linear memory's 6.5 ms.
 """
 from __future__ import annotations
 
@@ -59,12 +60,16 @@ def chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> tuple[tor
 
 
 @triton.jit
-def _transfer(x, rows, SHIFT: tl.constexpr):
-    """[BT, BT]: prod_{s<r<=t} x_r at (t, s), t >= s (0 above); with SHIFT, x holds each row's
-    previous factor (x_{r-1} at r) and the result is row t - 1's, strictly below the diagonal."""
-    factors = tl.where(rows[:, None] - SHIFT > rows[None, :], x[:, None], 1.0)
-    keep = rows[:, None] - SHIFT >= rows[None, :]
-    return tl.where(keep, tl.cumprod(factors, 0), 0.0)
+def _affine(a1, b1, a2, b2):
+    """x -> a1 x + b1, then x -> a2 x + b2."""
+    return a1 * a2, b1 * a2 + b2
+
+
+@triton.jit
+def _recur(coef, add, REVERSE: tl.constexpr):
+    """y_t = coef_t y_{t-1} + add_t down axis 0 from y_{-1} = 0 (REVERSE: y_t = coef_t y_{t+1} +
+    add_t up from the end)."""
+    return tl.associative_scan((coef, add), 0, _affine, reverse=REVERSE)[1]
 
 
 @triton.jit
@@ -77,6 +82,13 @@ def _gate_factors(alpha, eta, i_b, i_h, t, mt, T, H: tl.constexpr):
 
 
 @triton.jit
+def _rows(f, e, unit):
+    """P and Gamma [BT, BT] from the factors f, e [BT] and the unit rows `unit`."""
+    P = _recur(tl.broadcast_to(e[:, None], unit.shape), unit, False)
+    return P, _recur(tl.broadcast_to(f[:, None], unit.shape), P, False)
+
+
+@triton.jit
 def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out, p_last_out, T,
                       NT, H: tl.constexpr, BT: tl.constexpr):
     c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -85,9 +97,8 @@ def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out,
     t = c * BT + r
     f, e = _gate_factors(alpha, eta, i_b, i_h, t, t < T, T, H)
     a, E = tl.cumprod(f, 0), tl.cumprod(e, 0)
-    D, P = _transfer(f, r, 0), _transfer(e, r, 0)
-    b = tl.sum(D * E[None, :], 1)
-    gamma = tl.dot(D, P, input_precision="tf32x3")
+    b = _recur(f, E, False)
+    P, gamma = _rows(f, e, tl.where(r[:, None] == r[None, :], 1.0, 0.0))
     last = r == tl.minimum(T - 1 - c * BT, BT - 1)
     base = (i_bh * NT + c) * BT
     tl.store(a_out + base + r, a)
@@ -109,37 +120,41 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
     r = tl.arange(0, BT)
     t = c * BT + r
     mt = t < T
-    f, e = _gate_factors(alpha, eta, i_b, i_h, t, mt, T, H)
-    # each token's previous factors (1 before the chunk's first token)
+    # the previous token's factors (a row before the chunk: its values never reach a result) and
+    # the next one's (1 past the chunk: they multiply the zero after the last row)
     f_prev, e_prev = _gate_factors(alpha, eta, i_b, i_h, t - 1, (r >= 1) & (t - 1 < T), T, H)
-    f_prev, e_prev = tl.where(r >= 1, f_prev, 1.0), tl.where(r >= 1, e_prev, 1.0)
-    E = tl.cumprod(e, 0)
-    D, P = _transfer(f, r, 0), _transfer(e, r, 0)
+    f_next, e_next = _gate_factors(alpha, eta, i_b, i_h, t + 1, (r + 1 < BT) & (t + 1 < T), T, H)
+    # a_{t-1}, E_{t-1} (1 at the first token), b_{t-1} (0 there), and P's and Gamma's rows t - 1
+    a_prev = tl.cumprod(tl.where(r >= 1, f_prev, 1.0), 0)
+    E_prev = tl.cumprod(tl.where(r >= 1, e_prev, 1.0), 0)
+    b_prev = _recur(f_prev, tl.where(r >= 1, E_prev, 0.0), False)
+    P_prev, gamma_prev = _rows(f_prev, e_prev, tl.where(r[:, None] == r[None, :] + 1, 1.0, 0.0))
     last = r == tl.minimum(T - 1 - c * BT, BT - 1)
     base = (i_bh * NT + c) * BT
     ends = (i_bh * NT + c) * 3
+    # the outputs' gradients, the chunk ends' and the last rows' added at the last token
     a_bar = tl.load(da + base + r) + tl.where(last, tl.load(dends + ends), 0.0)
     b_bar = tl.load(db + base + r) + tl.where(last, tl.load(dends + ends + 1), 0.0)
     gamma_bar = (tl.load(dgamma + (base + r)[:, None] * BT + r[None, :])
                  + tl.where(last[:, None], tl.load(dw_last + base + r)[None, :], 0.0))
-    lower = r[:, None] >= r[None, :]
-    d_bar = tl.where(lower, b_bar[:, None] * E[None, :]
-                     + tl.dot(gamma_bar, tl.trans(P), input_precision="tf32x3"), 0.0)
-    p_bar = tl.where(lower, tl.dot(tl.trans(D), gamma_bar, input_precision="tf32x3")
-                     + tl.where(last[:, None], tl.load(dp_last + base + r)[None, :], 0.0), 0.0)
-    e_bar = tl.sum(D * b_bar[:, None], 0) + tl.where(last, tl.load(dends + ends + 2), 0.0)
-    d_shift = tl.dot(d_bar, tl.trans(_transfer(f_prev, r, 1)), input_precision="tf32x3")
-    p_shift = tl.dot(p_bar, tl.trans(_transfer(e_prev, r, 1)), input_precision="tf32x3")
-    df = tl.cumprod(f_prev, 0) * tl.sum(D * a_bar[:, None], 0) + tl.sum(D * d_shift, 0)
-    de = tl.cumprod(e_prev, 0) * tl.sum(P * e_bar[:, None], 0) + tl.sum(P * p_shift, 0)
+    p_bar = tl.where(last[:, None], tl.load(dp_last + base + r)[None, :], 0.0)
+    # their totals, up the chunk
+    f_up = tl.broadcast_to(f_next[:, None], gamma_bar.shape)
+    gamma_total = _recur(f_up, gamma_bar, True)
+    p_total = _recur(tl.broadcast_to(e_next[:, None], gamma_bar.shape), p_bar + gamma_total, True)
+    b_total = _recur(f_next, b_bar, True)
+    e_total = _recur(e_next, tl.where(last, tl.load(dends + ends + 2), 0.0) + b_total, True)
+    a_total = _recur(f_next, a_bar, True)
+    df = a_total * a_prev + b_total * b_prev + tl.sum(gamma_total * gamma_prev, 1)
+    de = e_total * E_prev + tl.sum(p_total * P_prev, 1)
     offs = (i_b * T + t) * H + i_h
     tl.store(dalpha + offs, (-df).to(dalpha.dtype.element_ty), mask=mt)
     tl.store(deta + offs, de.to(deta.dtype.element_ty), mask=mt)
 
 
 def _warps(chunk: int) -> int:
-    # the backward holds about ten [BT, BT] float32 tiles: 40 registers a thread each at BT 64
-    # with 4 warps
+    # ptxas for sm_90: the backward at chunk 64 takes 255 registers a thread on 4 warps, 128 on 8
+    # (no spills either way); at chunk 16, 39 on 4
     return 4 if chunk <= 16 else 8
 
 
