@@ -107,7 +107,14 @@ def linear_chunks(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     weights = memory_weights(1, H, D, "cuda")
-    report = {"shape": shape}
+
+    def delta_rule():  # the yardstick, timed in the same process
+        out = triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
+        out.float().sum().backward()
+        return out
+    report = {"shape": shape, "delta_rule_fwd_bwd_ms": round(
+        gpu_ms(delta_rule, warmup_ms=10, rep_ms=100, grad_to_none=list(x.values())), 4)}
+    print(json.dumps(report), flush=True)
     for chunk in (16, 32, 64):
         run = memory_call(x, weights, chunk)
         ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=list(x.values()))
