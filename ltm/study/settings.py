@@ -29,7 +29,7 @@ class StudyConfig:
     seq_len: int = 128  # corpus windows; the testbed's is data.synthetic.length
     # training: the same batches for every model (equal tokens), AdamW, warm-up then cosine
     steps: int = 150
-    batch_size: int = 16
+    batch_size: int = 8  # 16 until 2026-12-06 (LOG.md): the same verdicts in half the time
     lr: float = 0.003
     warmup_steps: int = 20
     weight_decay: float = 0.1
