@@ -37,29 +37,36 @@ def training_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
     return table if table.empty or table.note.any() else table.drop(columns="note")
 
 
-def _newest_with_table(records: list[tuple[Path, dict]]) -> tuple[Path, dict] | None:
+def _with_table_newest_first(records: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     with_table = [(path, record) for path, record in records if record.get("kernel_table")]
-    return max(with_table, key=lambda item: (str(item[1].get("date")), item[0].name),
-               default=None)
+    return sorted(with_table, key=lambda item: (str(item[1].get("date")), item[0].name),
+                  reverse=True)
 
 
 def kernel_table(records: list[tuple[Path, dict]]) -> pd.DataFrame:
-    """The newest record's kernel table (per shape, pass and implementation: ms and the ratio to
-    our delta rule), worst ratio first within each pass."""
-    newest = _newest_with_table(records)
-    if newest is None:
+    """Per shape, pass and implementation, the newest record's row (ms and the ratio to our
+    delta rule measured in the same call as it; `record` says which), worst ratio first within
+    each pass: a call that re-measured some rows (the linear memory per chunk size) leaves the
+    others (the deep memory) as last measured."""
+    tables = []
+    for path, record in _with_table_newest_first(records):
+        table = pd.DataFrame(record["kernel_table"])
+        tables.append(table.assign(record=path.name))
+    if not tables:
         return pd.DataFrame()
-    path, record = newest
-    table = pd.DataFrame(record["kernel_table"])
-    table["record"] = path.name
-    return table.sort_values(["pass", "x_delta_rule"], ascending=[True, False], kind="stable")
+    merged = pd.concat(tables, ignore_index=True)
+    keys = [k for k in ("shape", "pass", "impl") if k in merged]
+    merged = merged.drop_duplicates(keys, keep="first")
+    return merged.sort_values(["pass", "x_delta_rule"], ascending=[True, False], kind="stable")
 
 
-def _notes(records: list[tuple[Path, dict]]) -> list[str]:
-    """The kernel table's note, then the training notes of every record of the newest date (a
-    day's calls may leave several records), in name order."""
-    newest = _newest_with_table(records)
-    notes = [newest[1].get("note_kernel_table")] if newest else []
+def _notes(records: list[tuple[Path, dict]], kernels: pd.DataFrame) -> list[str]:
+    """The notes of the records the kernel table's rows come from (newest first), then the
+    training notes of every record of the newest date (a day's calls may leave several
+    records), in name order."""
+    shown = set(kernels["record"]) if "record" in kernels else set()
+    notes = [record.get("note_kernel_table") for path, record in _with_table_newest_first(records)
+             if path.name in shown]
     last = max(str(record.get("date")) for _, record in records)
     notes += [record.get("note_training") for _, record in sorted(records, key=lambda r: r[0].name)
               if str(record.get("date")) == last]
@@ -74,6 +81,7 @@ def titans_gpu_section(folder: Path) -> Section:
     kernels, training = kernel_table(records), training_table(records)
     # the newest records' notes say what their tables hold and how they were measured
     note = ("The Titans memory's kernels and the Titans model's training throughput, measured with "
-            "gpu/titans_deep.sh and gpu/titans_triton.sh and kept in git. " + " ".join(_notes(records)))
+            "gpu/titans_deep.sh and gpu/titans_triton.sh and kept in git. "
+            + " ".join(_notes(records, kernels)))
     tables = [t for t in (kernels, training) if not t.empty]
     return Section(TITLE, tables, [], note, folded=True)

@@ -49,6 +49,22 @@ def test_the_note_is_the_table_records_and_the_newest_days_training_notes(tmp_pa
     assert "new table new runs later runs" in note and "old runs" not in note
 
 
+def test_a_newer_record_replaces_only_the_rows_it_measured_again(tmp_path):
+    row = {"shape": "8,2048,12,64", "pass": "fwd+bwd"}
+    _write(tmp_path, "old.json", {"device": "H100", "date": "2026-12-05", "training_tokens_per_s": {},
+                                   "note_kernel_table": "deep measured here",
+                                   "kernel_table": [{**row, "impl": "linear", "ms": 2.6, "x_delta_rule": 2.9},
+                                                    {**row, "impl": "deep", "ms": 18.0, "x_delta_rule": 20.0}]})
+    _write(tmp_path, "new.json", {"device": "H100", "date": "2026-12-06", "training_tokens_per_s": {},
+                                   "note_kernel_table": "linear again",
+                                   "kernel_table": [{**row, "impl": "linear", "ms": 1.5, "x_delta_rule": 2.4}]})
+    section = titans_gpu_section(tmp_path)
+    (kernels,) = section.tables
+    got = dict(zip(kernels.impl, zip(kernels.ms, kernels.record)))
+    assert got == {"deep": (18.0, "old.json"), "linear": (1.5, "new.json")}
+    assert "linear again deep measured here" in section.note
+
+
 def test_a_failed_run_has_no_rate_and_says_why_and_a_run_its_own_setting(tmp_path):
     _write(tmp_path, "a.json", {"device": "H200", "date": "2026-11-28", "training_tokens_per_s": {
         "deltanet-T8192": {"tokens_per_s": 300}, "titans-deep-T8192": {"tokens_per_s": None,
