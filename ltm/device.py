@@ -16,3 +16,8 @@ def resolve_device(name: str, where: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ParamsError(f"{where}: {name} asked for, but torch sees no CUDA device")
     return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    """What a record calls the device it ran on: the GPU's name, or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -42,6 +42,10 @@ def enter_project_root(start: str | Path | None = None) -> Path:
     raise ParamsError(f"no dvc.yaml in {here} or above it: open the notebook inside an ltm checkout")
 
 
+class MissingTools(RuntimeError):
+    """The notebook runner's packages are not importable by this Python."""
+
+
 def notebook_tools() -> tuple[ModuleType, ModuleType]:
     """jupytext and papermill, imported when a notebook is run, not when a stage notebook's kernel
     imports enter_project_root from here (2.5 s of every stage's start, twice)."""
@@ -50,8 +54,15 @@ def notebook_tools() -> tuple[ModuleType, ModuleType]:
     # No notebook schema nbformat validates against uses the format, so the runner goes without it
     # (None in sys.modules: the import fails and jsonschema skips that checker, as when absent).
     sys.modules.setdefault("rfc3987_syntax", None)
-    import jupytext
-    import papermill
+    try:
+        import jupytext
+        import papermill
+    except ModuleNotFoundError as err:
+        # `dvc repro` run by a dvc outside the project's virtualenv: the stages' `python` is then
+        # whichever comes first on PATH, usually one without the notebook tools
+        raise MissingTools(f"{err.name} is not installed for {sys.executable}: run the stages "
+                           "with the project's virtualenv active (`make` once, then `source "
+                           ".venv/bin/activate`), or through `make workbook`") from None
     return jupytext, papermill
 
 
@@ -146,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ltm: {args.source}: no such notebook", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    _, papermill = notebook_tools()
+    try:
+        _, papermill = notebook_tools()
+    except MissingTools as err:
+        print(f"ltm: {err}", file=sys.stderr)
+        return 2
     try:
         run_notebook(args.source, args.output, dict(args.p))
     except papermill.PapermillExecutionError as err:

@@ -65,6 +65,16 @@ def test_user_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
     assert main(["missing.py", "x.ipynb"]) == 2
 
 
+def test_a_python_without_the_notebook_tools_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.py").write_text(NOTEBOOK)
+    monkeypatch.setitem(sys.modules, "jupytext", None)  # as if not installed: its import fails
+    assert main(["ok.py", "ok.ipynb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ltm: jupytext is not installed for {sys.executable}")
+    assert "source .venv/bin/activate" in err[0] and not (tmp_path / "ok.ipynb").exists()
+
+
 DIVERGED = '''# %%
 from ltm.train.settings import TrainingDiverged
 raise TrainingDiverged("train loss is nan at step 3: stopped; no checkpoint was written")

@@ -15,7 +15,7 @@ import torch
 from ltm.bench.kernels import KernelBenchConfig
 from ltm.bench.kernels import run as run_kernels
 from ltm.bench.latent import LatentBench, bench_latent
-from ltm.device import resolve_device
+from ltm.device import device_name, resolve_device
 from ltm.bench.model import GENERATE_IMPLS, bench_generate, bench_generate_memory, bench_mixers
 from ltm.model.lm import ModelConfig
 from ltm.params import check, from_mapping, load_section, read_params
@@ -93,7 +93,7 @@ def summarise(table: pd.DataFrame, device: torch.device) -> dict:
     mixers = table[table.group.str.startswith("mixer ") & (table["pass"] == "forward")
                    & (table.impl == "torch")]
     generate = table[table.group.str.startswith("generate") & (table.impl == "cached")]
-    summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    summary = {"device": device_name(device),
                "torch": torch.__version__,
                "chunk_vs_naive_forward": dict(zip(mixers.case, mixers.speedup.round(3))),
                "cached_vs_uncached_generate": dict(zip(generate.case, generate.speedup.round(3)))}

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ltm.bench.prior import PRIOR_COLUMNS, PriorBench, bench_prior
-from ltm.device import resolve_device
+from ltm.device import device_name, resolve_device
 from ltm.latent.prior import PriorConfig
 from ltm.params import load_section
 from ltm.train.prior_trainer import train_stage_prior
@@ -59,7 +58,7 @@ def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics
     _, train_cfg, _ = load_configs(params_path)
     device = resolve_device(train_cfg.device, "train.device")
     rows, metrics = bench_prior(cfg.bench, checkpoint_dir, device)
-    metrics = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    metrics = {"device": device_name(device),
                **metrics}
     table = pd.DataFrame(rows, columns=PRIOR_COLUMNS if not rows else None)
     for path in (metrics_path, plot_path):

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ltm.bench.recall import RecallBench, bench_recall, recall_metrics
-from ltm.device import resolve_device
+from ltm.device import device_name, resolve_device
 from ltm.params import load_section
 
 
@@ -26,7 +25,7 @@ def recall_benchmark(params_path: str | Path, metrics_path: str | Path, plot_pat
     notebook shows no progress bar (a stored notebook keeps every update). Paths from dvc.yaml."""
     cfg = load_section(RecallBench, "recall", params_path)
     device = resolve_device(cfg.device, "recall.device")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = device_name(device)
     if cfg.enabled:
         result = bench_recall(cfg, device, progress)
         table, curve = result.table, result.curve

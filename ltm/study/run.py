@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ltm.data.cache import DataConfig, read_meta
-from ltm.device import resolve_device
+from ltm.device import device_name, resolve_device
 from ltm.params import load_section
 from ltm.study.contenders import train_contenders
 from ltm.study.settings import StudyConfig
@@ -70,8 +70,7 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
     scores = {k: np.stack([c.scores[k] for c in runs]) for k in runs[0].scores}  # (S, N) each
     first = runs[0]
     out = {"sequences": len(source.val_x), "seeds": len(runs), "receptive_field": receptive_field(cfg),
-           "device": torch.cuda.get_device_name(source.val_x.device)
-           if source.val_x.device.type == "cuda" else "cpu",
+           "device": device_name(source.val_x.device),
            "params": first.params,
            "train_loss_last10pct": {k: float(np.mean([c.train_loss[k] for c in runs]))
                                     for k in first.train_loss},
