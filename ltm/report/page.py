@@ -64,36 +64,42 @@ def published_sentence(study: dict) -> str:
             "last table).")
 
 
-def study_section(results_dir: Path, records_dir: Path | None = None) -> Section:
-    """The report's first section: the latent study's verdict, its table, what the encoder buys
-    and the bound by inference steps; then the study and the latent step's cost recorded on a
-    GPU (records_dir: JSON with `study` and `speed`, see records/gpu/study)."""
+def study_section(results_dir: Path) -> Section:
+    """The report's first section: this run's latent study, its verdict, its table, what the
+    encoder buys and the bound by inference steps (the studies recorded on GPUs have a folded
+    section of their own, `recorded_study_section`)."""
     title = "Do latent thoughts carry information? The verdict"
     path = Path(results_dir) / "study.json"
     study = json.loads(path.read_text()) if path.is_file() else None
-    recorded = [] if records_dir is None or not Path(records_dir).is_dir() else \
-        read_records(records_dir, "speed", "GPU study")
-    tables, figures = [], []
-    if study and study.get("enabled"):
-        tables = [study_table(study), encoder_table(study)]
-        figures = [bound_figure(study)]
-        # the verdict lines head the page (ltm.report.headline); the published bound as one
-        # sentence, its table in the study notebook (the page's height is held to a limit)
-        note = STUDY_NOTE + published_sentence(study)
-    else:
+    if not (study and study.get("enabled")):
         why = "study.enabled is false" if study else "the study stage wrote no study.json"
-        note = f"No latent study in this run: {why}."
+        return Section(title, [], [], f"No latent study in this run: {why}.")
+    # the verdict lines head the page (ltm.report.headline); the published bound as one
+    # sentence, its table in the study notebook (the page's height is held to a limit)
+    return Section(title, [study_table(study), encoder_table(study)], [bound_figure(study)],
+                   STUDY_NOTE + published_sentence(study))
+
+
+def recorded_study_section(records_dir: Path) -> Section:
+    """The latent study and the latent step's cost recorded on GPUs (JSON with `study` and
+    `speed`, see records/gpu/study), folded like every recorded history."""
+    title = "The latent study on GPUs (recorded history)"
+    recorded = read_records(records_dir, "speed", "GPU study") if Path(records_dir).is_dir() else []
+    if not recorded:
+        return Section(title, [], [], f"No GPU study records in {records_dir}.")
+    tables, notes = [], []
     for name, record in recorded:
         where = name.stem  # the record's file, named with its device and date
         tables += [study_table(record["study"]).assign(recorded=where),
                    encoder_table(record["study"]).assign(recorded=where)]
         if record["speed"]:
             tables.append(pd.DataFrame(record["speed"]).assign(recorded=where))
-        note += (f" Then the same recorded on a GPU ({record['device']}, {name.name}, commit "
-                 f"{str(record.get('commit'))[:8]}: the column `recorded`)"
-                 + (", and the latent training step at the GPU profile as a multiple of a "
-                    "compiled plain step (x_plain)." if record["speed"] else "."))
-    return Section(title, tables, figures, note)
+        notes.append(f"{record['device']}, {name.name}, commit {str(record.get('commit'))[:8]}"
+                     + (" (with the latent training step at the GPU profile as a multiple of a "
+                        "compiled plain step, x_plain)" if record["speed"] else ""))
+    note = ("The study's tables as recorded on GPUs (the column `recorded`). " + "; ".join(notes)
+            + ".")
+    return Section(title, tables, [], note, folded=True)
 
 
 STUDY_NOTE = ("Suffix NLL: the second half of each validation sequence given the first, nats/token, "

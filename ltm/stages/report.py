@@ -20,8 +20,8 @@ from ltm.report.titans_records import titans_gpu_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
                              kernel_history_section, latent_section, prior_section,
-                             samples_section, settings_section, study_section, summary_section,
-                             train_section)
+                             recorded_study_section, samples_section, settings_section,
+                             study_section, summary_section, train_section)
 
 
 @dataclass
@@ -44,7 +44,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
     summary = summary_section(Path(metrics_dir))
     lines = headline(results, Path(bench_records),
                      summary.tables[0] if summary.tables else pd.DataFrame())
-    sections = [study_section(results, Path(gpu_records) / "study"), summary,
+    sections = [study_section(results), summary,
                 settings_section(Path(params_path), env),
                 data_section(results), train_section(results, plots_dir),
                 latent_section(results, plots_dir, Path(gpu_records)),
@@ -54,6 +54,7 @@ def report_stage(params_path: str | Path, metrics_dir: str | Path, results_dir: 
                 kernel_history_section(Path(bench_records)),
                 kernel_references_section(Path(bench_records) / "references"),
                 gpu_section(Path(gpu_records)),
+                recorded_study_section(Path(gpu_records) / "study"),
                 titans_gpu_section(Path(gpu_records) / "titans"),
                 auto_gpu_section(Path(gpu_records) / "auto"),
                 gpu_ablate_section(Path(gpu_records) / "ablate"),

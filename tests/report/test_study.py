@@ -49,24 +49,27 @@ def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
     assert len(section.figures) == 1
 
 
-def test_a_recorded_gpu_study_follows_this_runs(tmp_path):
+def test_a_recorded_gpu_study_is_a_folded_section_of_its_own(tmp_path):
     import json
-    from ltm.report.page import study_section
+    from ltm.report.page import recorded_study_section, study_section
     records = tmp_path / "records"
     records.mkdir()
+    assert "No GPU study records" in recorded_study_section(records).note
     speed = [{"init": "encoder", "inner_steps": 2, "case": "latent step", "ms": 150.0, "x_plain": 4.2}]
     (records / "study-x.json").write_text(json.dumps({"device": "H100", "commit": "abc",
                                                       "study": STUDY, "speed": speed}))
-    section = study_section(tmp_path, records)
-    assert section.note.startswith("No latent study in this run") and "H100" in section.note
+    section = recorded_study_section(records)
+    assert section.folded and "H100" in section.note and "study-x.json" in section.note
     assert len(section.tables) == 3 and section.tables[2]["x_plain"].iloc[0] == 4.2
     assert section.tables[0]["recorded"].iloc[0] == "study-x"
+    # this run's section holds this run's study only
+    assert study_section(tmp_path).note.startswith("No latent study in this run")
     (records / "study-y.json").write_text(json.dumps({"device": "H200", "study": STUDY, "speed": []}))
-    assert len(study_section(tmp_path, records).tables) == 5  # no empty speed table
+    assert len(recorded_study_section(records).tables) == 5  # no empty speed table
     (records / "broken.json").write_text("{}")
     import pytest
     with pytest.raises(ValueError, match="not a GPU study record"):
-        study_section(tmp_path, records)
+        recorded_study_section(records)
 
 
 def test_the_published_bound_stands_beside_the_honest_numbers():

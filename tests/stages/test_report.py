@@ -36,6 +36,7 @@ SECTIONS = ["Do latent thoughts carry information? The verdict", "Summary: what 
             "Kernel benchmarks on GPUs (recorded history)",
             "Kernels against fla as installed (FlashQLA, TileLang)",
             "Training on GPUs (recorded history)",
+            "The latent study on GPUs (recorded history)",
             "Titans memory on GPUs (recorded history)",
             "kernel: auto on GPUs (recorded history)",
             "Ablation verdicts on GPUs (recorded history)",
