@@ -39,6 +39,15 @@ def memory_call(x: dict, weights: list, chunk: int):
     return run
 
 
+def delta_rule_call(x: dict):
+    """Our delta rule's forward+backward at the same inputs: the issue's yardstick."""
+    def run():
+        out = triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
+        out.float().sum().backward()
+        return out
+    return run
+
+
 def kernel_times(run, reps: int = 5) -> list[dict]:
     """Device time per kernel name per call, largest first: the kernels' own rows only (an op's
     row carries the time of the kernels it launched, which would count them twice)."""
@@ -107,13 +116,8 @@ def linear_chunks(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     weights = memory_weights(1, H, D, "cuda")
-
-    def delta_rule():  # the issue's yardstick, timed in the same process
-        out = triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
-        out.float().sum().backward()
-        return out
     report = {"shape": shape, "delta_rule_fwd_bwd_ms": round(
-        gpu_ms(delta_rule, warmup_ms=10, rep_ms=100, grad_to_none=list(x.values())), 4)}
+        gpu_ms(delta_rule_call(x), warmup_ms=10, rep_ms=100, grad_to_none=list(x.values())), 4)}
     print(json.dumps(report), flush=True)
     for chunk in (16, 32, 64):
         run = memory_call(x, weights, chunk)
@@ -129,11 +133,7 @@ def shape_report(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     leaves = list(x.values())
-
-    def delta_rule():
-        out = triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0]
-        out.float().sum().backward()
-        return out
+    delta_rule = delta_rule_call(x)
     report = {"shape": shape,
               "delta_rule_fwd_bwd_ms": round(gpu_ms(delta_rule, warmup_ms=10, rep_ms=100,
                                                     grad_to_none=leaves), 4),
