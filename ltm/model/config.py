@@ -21,9 +21,12 @@ from ltm.params import check
 TITANS_THETA_INIT, TITANS_ALPHA_INIT, TITANS_ETA_INIT = 0.1, 0.01, 0.1
 # with titans_max_step, theta's sigmoid starts here instead (theta = 3/4 of its bound)
 TITANS_THETA_SIGMOID_INIT = 0.75
-# titans_max_step auto, by titans_depth (2: any deeper memory): a deep chunk's Hessian reached 3-4,
-# so 0.4 keeps step x curvature under 1.9 (the edge, 1 + the chunk's forgetting) up to 4.75
-STEP_BOUND_AUTO = {1: None, 2: 0.4}
+# titans_max_step auto, by titans_depth (2: any deeper memory): the linear memory's Hessian is 1
+# (unit keys), so 1.0 is half the edge (1 + the chunk's forgetting, about 1.9); unbounded, its
+# chunks of 16 trained to 5.0-5.8 nats on real text where 1.0 and 0.4 reached 4.08-4.15 (GPU
+# profile, 300 steps, 3 seeds; LOG.md 2026-12-06). A deep chunk's Hessian reached 3-4, so 0.4
+# keeps step x curvature under 1.9 up to 4.75
+STEP_BOUND_AUTO = {1: 1.0, 2: 0.4}
 
 
 @dataclasses.dataclass
@@ -93,8 +96,9 @@ class ModelConfig:
     # chunk's loss Hessian stays under about 2: 1 for the linear memory's unit keys, 3-4 for the
     # depth-2 memory on the GPU profile at T 8192, whose chunks overshot (state Jacobian
     # eigenvalues -2 to -3) and whose gradient grew 1e3x per 512 tokens to nan (LOG.md,
-    # 2026-11-29). auto = STEP_BOUND_AUTO by depth: none for the linear memory (stable
-    # unbounded), 0.4 for deeper ones; null = theta = sigmoid(.), unbounded (starting at 0.1)
+    # 2026-11-29). auto = STEP_BOUND_AUTO by depth: 1.0 for the linear memory (unbounded, a
+    # chunk's summed step reaches 16 / (1 - eta)), 0.4 for deeper ones; null = theta = sigmoid(.),
+    # unbounded (starting at 0.1)
     titans_max_step: float | Literal["auto"] | None = "auto"
     # latent thought vectors per layer (0 = a plain language model)
     n_latent: int = 0

@@ -141,19 +141,20 @@ def test_a_chunks_summed_step_stays_under_the_max_step(monkeypatch):
     assert steps[1.0] <= 1.0 * (1 + 1e-6) < steps[None]
 
 
-def test_auto_bounds_deep_memories_only_and_bad_values_fail_in_one_line(monkeypatch):
-    """titans_max_step auto: no bound for the linear memory (it trains unbounded at T 8192), 0.4
-    for depth 2 and deeper; the mixer's gates follow the resolved bound."""
+def test_auto_bounds_by_depth_and_bad_values_fail_in_one_line(monkeypatch):
+    """titans_max_step auto: 1.0 for the linear memory (unbounded, its chunks of 16 trained badly
+    on real text), 0.4 for depth 2 and deeper; the mixer's gates follow the resolved bound."""
     cfg = lambda **kw: ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans", **kw)  # noqa: E731
-    assert cfg(titans_depth=1).titans_step_bound is None
+    assert cfg(titans_depth=1).titans_step_bound == 1.0
     assert cfg(titans_depth=2).titans_step_bound == cfg(titans_depth=3).titans_step_bound == 0.4
     assert cfg(titans_depth=1, titans_max_step=0.7).titans_step_bound == 0.7
     assert cfg(titans_depth=2, titans_max_step=None).titans_step_bound is None
     x = 8 * torch.randn(1, 32, 16, generator=torch.Generator().manual_seed(0))
-    for depth, bound in ((1, None), (2, 0.4)):
-        theta, _, eta = gates_seen(Titans(cfg(titans_depth=depth)), x, monkeypatch)
+    for depth, max_step, bound in ((1, "auto", 1.0), (2, "auto", 0.4), (1, None, None)):
+        theta, _, eta = gates_seen(Titans(cfg(titans_depth=depth, titans_max_step=max_step)), x,
+                                   monkeypatch)
         step = 16 * (theta / (1 - eta)).max().item()
-        assert (step <= bound * (1 + 1e-6)) if bound else step > 0.4
+        assert (bound / 2 < step <= bound * (1 + 1e-6)) if bound else step > 1.0
     with pytest.raises(ParamsError, match="titans_max_step"):
         cfg(titans_max_step=-1.0)
 

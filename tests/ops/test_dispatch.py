@@ -133,11 +133,19 @@ def test_each_kernel_routes_to_its_implementation(op, kernel, monkeypatch):
     assert len(expected_step.calls) == 1, f"{op} one token, {kernel}: not {expected_step.name}"
 
 
-@pytest.mark.parametrize("chunk_size,used", [(8, 8), (64, 16)])
-def test_the_torch_rwkv7_chunk_is_capped(chunk_size, used, monkeypatch):
+@pytest.mark.parametrize("chunk_size,head_dim,device,used", [
+    (2, 16, "cpu", 2), (64, 16, "cpu", 4), (64, 17, "cpu", 8), (64, 64, "cpu", 8),
+    (8, 64, "cuda", 8), (64, 64, "cuda", 16)])
+def test_the_torch_rwkv7_chunk_is_capped(chunk_size, head_dim, device, used):
+    assert rwkv7_op.torch_chunk_size(chunk_size, head_dim, torch.device(device)) == used
+
+
+def test_the_torch_rwkv7_takes_the_capped_chunk(monkeypatch):
     spy = spies_for("rwkv7", monkeypatch)["torch"][0]
-    rwkv7_op.rwkv7(*rwkv7_inputs(0, T=5).values(), kernel="torch", chunk_size=chunk_size)
-    assert spy.calls[0][1]["chunk_size"] == used == min(chunk_size, rwkv7_op.RWKV7_MAX_CHUNK)
+    x = rwkv7_inputs(0, T=5)
+    rwkv7_op.rwkv7(*x.values(), kernel="torch", chunk_size=64)
+    assert spy.calls[0][1]["chunk_size"] == rwkv7_op.torch_chunk_size(
+        64, x["r"].shape[-1], x["r"].device) < 64
 
 
 def test_the_torch_delta_rule_takes_the_chunk_size(monkeypatch):

@@ -27,11 +27,22 @@ from ltm.ops.rwkv7.chunk import chunk_rwkv7
 from ltm.ops.rwkv7.naive import naive_rwkv7
 from ltm.ops.rwkv7.step import rwkv7_step
 
-__all__ = ["RWKV7_MAX_CHUNK", "chunk_rwkv7", "naive_rwkv7", "rwkv7", "rwkv7_one_token",
+__all__ = ["RWKV7_MAX_CHUNK", "chunk_rwkv7", "torch_chunk_size", "naive_rwkv7", "rwkv7", "rwkv7_one_token",
            "rwkv7_step"]
 
 # the torch chunk form of RWKV-7 uses chunks of at most this many tokens
 RWKV7_MAX_CHUNK = 16
+
+
+def torch_chunk_size(chunk_size: int, head_dim: int, device: torch.device) -> int:
+    """Tokens per chunk of the torch form: its (C, C, K) pair-decay tensor grows with the square
+    of the chunk (at T=1024, D=32 on a CPU chunks of 16 ran 3.9x faster than chunks of 64), so
+    chunk_size is capped at RWKV7_MAX_CHUNK, and on a CPU further by head size, as measured
+    there (one thread, forward+backward, 2026-12-06): heads of 16 at chunk 4 (the recall model's
+    training step 72 ms against 90 at 16), larger heads at 8 (T 1024: 115 ms against 135 at D 32,
+    276 against 351 at D 64)."""
+    cap = RWKV7_MAX_CHUNK if device.type != "cpu" else 4 if head_dim <= 16 else 8
+    return min(chunk_size, cap)
 
 
 def _lazy_path(kernel: str) -> ModuleType:
@@ -62,8 +73,8 @@ def rwkv7(
     """RWKV-7 recurrence over a sequence by the implementation `kernel` names.
 
     r, w, k, a, b: [B, T, H, K] (w the log decay, <= 0); v: [B, T, H, V]. initial_state:
-    [B, H, K, V] or None (zeros). chunk_size: tokens per chunk of the torch form, capped at
-    RWKV7_MAX_CHUNK (the Triton and fla kernels use their own). Returns o [B, T, H, V] in the
+    [B, H, K, V] or None (zeros). chunk_size: tokens per chunk of the torch form, capped by
+    torch_chunk_size (the Triton and fla kernels use their own). Returns o [B, T, H, V] in the
     dtype of v, and the final state [B, H, K, V] (float32) when `output_final_state`, else None.
     """
     if kernel == AUTO:
@@ -73,11 +84,9 @@ def rwkv7(
         return naive_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state)
     if kernel == "torch":
-        # its (C, C, K) pair-decay tensor grows with the square of the chunk: on a CPU at T=1024,
-        # D=32, chunks of 16 ran 3.9x faster than chunks of 64
         return chunk_rwkv7(r, w, k, v, a, b, initial_state=initial_state,
                            output_final_state=output_final_state,
-                           chunk_size=min(chunk_size, RWKV7_MAX_CHUNK))
+                           chunk_size=torch_chunk_size(chunk_size, r.shape[-1], r.device))
     if kernel == "triton":
         # the kernels take all six inputs in one dtype (bf16 under autocast, where w, a, b are
         # float32)
