@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from ltm.bench.timing import event_ms, host_ms
+from ltm.device import device_name
 from ltm.model.config import ModelConfig
 from ltm.model.mixers import DeltaNet
 from ltm.train.hardware import allow_recompiles
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                            n_heads=12, kernel="triton", max_seq_len=8192)
         B, T, repeats = args.batch, args.seq_len, args.repeats
     x = torch.randn(B, T, base.d_model, device=device)
-    record = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    record = {"device": device_name(device),
               "torch": torch.__version__, "shape": {"batch": B, "seq_len": T,
               "d_model": base.d_model, "n_heads": base.n_heads}, "compile": compile, "rows": []}
     out = Path(args.out)

@@ -45,6 +45,7 @@ import torch
 
 from ltm.bench.provenance import ROOT, version_of
 from ltm.bench.timing import device_sync, first_call_s, host_ms
+from ltm.device import device_name
 from ltm.latent.encoder import attach_encoder
 from ltm.latent.posterior import (LatentConfig, PosteriorFitter, decoder_fitter, latent_shape,
                                   sequence_nll, step_sizes)
@@ -205,7 +206,7 @@ def setup(out: Path, budget: float, repeats: int, tiny: bool, compile: bool, ski
     generator = torch.Generator().manual_seed(0)
     x = torch.randint(cfg.vocab_size, (sizes["batch"], sizes["seq_len"]), generator=generator).to(device)
     y = torch.randint(cfg.vocab_size, (sizes["batch"], sizes["seq_len"]), generator=generator).to(device)
-    record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    record = {"device": device_name(device),
               "torch": torch.__version__, "triton": version_of("triton"), "tiny": tiny,
               "model": dataclasses.asdict(cfg), "sizes": sizes, "amp": "bf16" if amp else "off",
               "latent": dataclasses.asdict(latent), "budget_s": budget,

@@ -30,6 +30,7 @@ import torch
 
 from ltm.bench.prior import PriorBench, bench_prior
 from ltm.bench.provenance import commit
+from ltm.device import device_name
 from ltm.data.batches import SyntheticTokens
 from ltm.latent.posterior import LatentConfig
 from ltm.latent.prior import MODELS_FILE, POSTERIOR_FILE, PRIOR_DIR, PriorConfig
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                                  args.cache_dir, device.type)
     trained = fit_prior(root, latent_dir, size, args.cache_dir, device)
     rows, summary = bench_prior(PriorBench(**SIZES[size][3]), root, device)
-    record = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    record = {"device": device_name(device),
               "torch": torch.__version__, "commit": commit(),
               "data": "cache " + args.cache_dir if args.cache_dir else "random tokens",
               "train_steps": steps, "prior_train": trained, "summary": summary, "rows": rows,
