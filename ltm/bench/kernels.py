@@ -24,12 +24,13 @@ import triton
 
 from ltm.bench.kernel_grid import format_grid, grid_table
 from ltm.bench.timing import gpu_ms, host_ms
+from ltm.model.config import CHUNK_AUTO
 from ltm.params import check
 
 OPS = ("delta_rule", "rwkv7", "gated_delta_rule", "titans")
 # the titans op's rows: the linear memory (one [D, D] layer per head) at the mixer's defaults
-# (model.titans_chunk_size 16, model.titans_grad_clip 1.0)
-TITANS_CHUNK, TITANS_CLIP = 16, 1.0
+# (model.titans_chunk_size auto, 64 for the linear memory; model.titans_grad_clip 1.0)
+TITANS_CHUNK, TITANS_CLIP = CHUNK_AUTO[1], 1.0
 IMPLS = ("naive", "torch_chunk", "triton", "fla", "sdpa")
 
 

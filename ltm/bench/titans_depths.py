@@ -7,8 +7,8 @@ Triton kernel and by the chunked PyTorch form, beside our delta rule's Triton ke
                                       [--out F.json]
 
 What is held equal: the inputs' shape and dtype (bf16; float32 on the CPU), q and k unit-norm as
-the layers feed them. The memory runs as the mixer does by default: chunk_size 16 (the deep
-memory's kernel also takes 32), grad_clip 1.0, gates in the mixer's ranges (theta ~0.1, alpha
+the layers feed them. The memory runs as the mixer does by default: chunk_size by depth
+(model.titans_chunk_size auto: 64 linear, 16 deep; the deep memory's kernel also takes 32), grad_clip 1.0, gates in the mixer's ranges (theta ~0.1, alpha
 ~0.01, eta ~0.9), the deep memory's hidden width 2 D. The delta rule runs at its own chunk size
 (64): each op as a user would run it. `x_delta_rule` = the row's time / the delta rule's (issue
 56's target for the linear memory: <= 1.2). Times: do_bench medians on a GPU; on the CPU, the
@@ -24,9 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from ltm.bench.timing import gpu_ms, host_ms
+from ltm.model.config import CHUNK_AUTO
 from ltm.ops.titans import titans_memory
 
-CHUNK, CLIP = 16, 1.0  # the mixer's defaults (model.titans_chunk_size, model.titans_grad_clip)
+CLIP = 1.0  # the mixer's default (model.titans_grad_clip); the chunk: CHUNK_AUTO by depth
+
+
+def chunk_of(depth: int) -> int:
+    """The mixer's default chunk for a memory of `depth` layers (model.titans_chunk_size auto)."""
+    return CHUNK_AUTO[min(depth, 2)]
 
 
 def make_inputs(B: int, T: int, H: int, D: int, dtype: torch.dtype, device: str,
@@ -69,9 +75,10 @@ def runners(x: dict, depths: list[int], kernels: list[str], max_torch_tokens: in
         for kernel in kernels:
             if kernel == "torch" and B * T > max_torch_tokens:
                 continue  # a Python loop over chunks: minutes at long shapes
-            calls[f"titans depth {depth} {kernel}"] = lambda kernel=kernel, weights=weights: (
-                titans_memory(x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], weights,
-                              kernel=kernel, chunk_size=CHUNK, grad_clip=CLIP)[0])
+            calls[f"titans depth {depth} {kernel}"] = (
+                lambda kernel=kernel, weights=weights, chunk=chunk_of(depth): titans_memory(
+                    x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], weights,
+                    kernel=kernel, chunk_size=chunk, grad_clip=CLIP)[0])
     return calls
 
 
@@ -130,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                "torch": torch.__version__, "triton": triton.__version__}
         with open(args.out, "w") as f:
-            json.dump({"env": env, "chunk_size": CHUNK, "grad_clip": CLIP, "rows": rows}, f,
+            json.dump({"env": env, "chunk_size": {d: chunk_of(d) for d in args.depths},
+                       "grad_clip": CLIP, "rows": rows}, f,
                       indent=1)
 
 

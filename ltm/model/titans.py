@@ -49,11 +49,11 @@ class Titans(nn.Module):
         super().__init__()
         C, H, D = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_heads, self.head_dim, self.norm_eps = H, D, cfg.norm_eps
-        self.kernel, self.chunk_size = cfg.kernel, cfg.titans_chunk_size
+        self.kernel, self.chunk_size = cfg.kernel, cfg.titans_chunk
         self.grad_clip, self.arrangement = cfg.titans_grad_clip, cfg.titans_arrangement
         # the bound on each token's theta / (1 - eta), or None (ModelConfig.titans_max_step)
         bound = cfg.titans_step_bound
-        self.token_step = None if bound is None else bound / cfg.titans_chunk_size
+        self.token_step = None if bound is None else bound / cfg.titans_chunk
         self.attn = Attention(dataclasses.replace(cfg, mixer="attention", window=cfg.titans_window))
         self.qkv = nn.Linear(C, 3 * C, bias=False)
         # Titans' depthwise causal convolution after the q, k, v projections (as DeltaNet's): a

@@ -141,6 +141,21 @@ def test_a_chunks_summed_step_stays_under_the_max_step(monkeypatch):
     assert steps[1.0] <= 1.0 * (1 + 1e-6) < steps[None]
 
 
+def test_auto_chunk_by_depth():
+    """titans_chunk_size auto: 64 for the linear memory, 16 for deeper ones, what the mixer runs
+    and what its step bound divides; a number stays itself."""
+    cfg = lambda **kw: ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans", **kw)  # noqa: E731
+    assert cfg(titans_depth=1).titans_chunk == 64
+    assert cfg(titans_depth=2).titans_chunk == cfg(titans_depth=3).titans_chunk == 16
+    assert cfg(titans_depth=1, titans_chunk_size=8).titans_chunk == 8
+    for depth, chunk in ((1, 64), (2, 16)):
+        mixer = Titans(cfg(titans_depth=depth))
+        assert mixer.chunk_size == chunk
+        assert mixer.token_step == pytest.approx(cfg(titans_depth=depth).titans_step_bound / chunk)
+    # auto picks sizes the Triton kernels take: no error for either depth
+    cfg(titans_depth=1, kernel="triton"), cfg(titans_depth=2, kernel="triton")
+
+
 def test_auto_bounds_by_depth_and_bad_values_fail_in_one_line(monkeypatch):
     """titans_max_step auto: 1.0 for the linear memory (unbounded, its chunks of 16 trained badly
     on real text), 0.4 for depth 2 and deeper; the mixer's gates follow the resolved bound."""
@@ -151,9 +166,9 @@ def test_auto_bounds_by_depth_and_bad_values_fail_in_one_line(monkeypatch):
     assert cfg(titans_depth=2, titans_max_step=None).titans_step_bound is None
     x = 8 * torch.randn(1, 32, 16, generator=torch.Generator().manual_seed(0))
     for depth, max_step, bound in ((1, "auto", 1.0), (2, "auto", 0.4), (1, None, None)):
-        theta, _, eta = gates_seen(Titans(cfg(titans_depth=depth, titans_max_step=max_step)), x,
-                                   monkeypatch)
-        step = 16 * (theta / (1 - eta)).max().item()
+        mixer_cfg = cfg(titans_depth=depth, titans_max_step=max_step, titans_chunk_size=16)
+        theta, _, eta = gates_seen(Titans(mixer_cfg), x, monkeypatch)
+        step = mixer_cfg.titans_chunk * (theta / (1 - eta)).max().item()
         assert (bound / 2 < step <= bound * (1 + 1e-6)) if bound else step > 1.0
     with pytest.raises(ParamsError, match="titans_max_step"):
         cfg(titans_max_step=-1.0)
@@ -164,7 +179,10 @@ def test_auto_bounds_by_depth_and_bad_values_fail_in_one_line(monkeypatch):
      "model.titans_arrangement: expected 'mag' or 'mal', got 'mac'"),
     ({"mixer": "titans", "titans_depth": 0}, "model.titans_depth: must be >= 1, got 0"),
     ({"mixer": "titans", "titans_window": 0}, "model.titans_window: must be >= 1, got 0"),
-    ({"mixer": "titans", "titans_chunk_size": 0}, "model.titans_chunk_size: must be >= 1, got 0"),
+    ({"mixer": "titans", "titans_chunk_size": 0},
+     "model.titans_chunk_size: must be >= 1 or auto, got 0"),
+    ({"mixer": "titans", "titans_chunk_size": "16"},
+     "model.titans_chunk_size: expected int or 'auto', got '16'"),
     ({"mixer": "titans", "titans_grad_clip": 0.0},
      "model.titans_grad_clip: must be > 0 or null, got 0.0"),
     ({"mixer": "titans", "titans_max_step": 0.0},
