@@ -33,9 +33,8 @@ def _dims(q: torch.Tensor, E: int, V: int, chunk: int, sequential: bool) -> dict
     warps: 26.6 and 70.3; with 4 warps and two stages: 21.6 and 60.9). Wider heads keep tiles of
     32 with 8 warps.
 
-    The sequential kernels multiply in "tf32x3" whatever the input dtype (the backward state
-    kernel with bfloat16 inputs excepted, `_adjoint_precision`): their products make the state,
-    which carries its rounding from chunk to chunk through the non-linear memory. With
+    The sequential kernels multiply in "tf32x3" whatever the input dtype: their products make
+    the state, which carries its rounding from chunk to chunk through the non-linear memory. With
     bfloat16 tiles there (`dot_precision`'s "bf16") the final state came out 5e-3 to 7e-3 off the
     float64 token loop (K = V = 64, E = 128, T = 40, CPU interpreter), with "tf32x3" 3e-7; the
     chunk-parallel kernels, whose rounding stays in their chunk, follow `dot_precision`."""
@@ -45,17 +44,6 @@ def _dims(q: torch.Tensor, E: int, V: int, chunk: int, sequential: bool) -> dict
     return dict(H=q.shape[2], K=K, E=E, V=V, BT=chunk, BK=block_size(K),
                 BE=min(block_size(E), hidden_tile), BV=block_size(V), PRECISION=precision,
                 num_warps=8, num_stages=1)
-
-
-def _adjoint_precision(dtype: torch.dtype) -> str:
-    """The backward state kernel's products (it carries the state's gradient back through the
-    chunks): single tf32 products for bfloat16 inputs, whose gradients the kernels round to 8
-    mantissa bits anyway, else tf32x3 as the forward's. On an H100 (8 x 2048 x 12, K = V = 64,
-    E = 128, chunk 16) tf32 in both sequential kernels took forward+backward from 18.1 to 14.1 ms
-    with gradients 4.0e-3 to 4.4e-3 off the tf32x3 ones (relative norm), bfloat16's own rounding
-    (2^-8 = 3.9e-3); in the forward it also moved o by 2.9e-3, most of bfloat16's 5e-3 bound
-    against float64, so the forward keeps tf32x3 (records/lab/titans-deep-precision-h100-*)."""
-    return "tf32" if dtype == torch.bfloat16 else "tf32x3"
 
 
 def _states(B: int, H: int, NT: int, K: int, E: int, V: int, dev: torch.device) -> list:
@@ -141,8 +129,7 @@ def _deep_bwd(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, alpha: torc
     _deep_bwd_state_kernel[(B * H,)](
         k, theta, ends, w_last, p_last, *states, z1, d1, d2, g, dg, dk_buf, dd1, dh1, dd2,
         *dstates, dk, dv, dtheta, dends, dw_last, dp_last, T, NT, clip or 1.0,
-        USE_CLIP=clip > 0, **{**_dims(q, E, V, chunk, True),
-                              "PRECISION": _adjoint_precision(q.dtype)})
+        USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
     dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
                                                               dp_last))
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta,
