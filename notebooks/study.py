@@ -26,7 +26,8 @@ enter_project_root();
 from IPython.display import Markdown, display
 
 from ltm.pipeline import stage_paths
-from ltm.report.study import bound_figure, encoder_table, published_table, study_table, verdict_lines
+from ltm.report.study import (bound_figure, encoder_table, inner_lr_table, published_table, study_table,
+                              verdict_lines)
 from ltm.stages.study import study_stage
 
 paths = stage_paths("study", metrics_path=metrics_path, summary_path=summary_path)
@@ -39,6 +40,14 @@ print("\n".join(line for line in verdict_lines(study) if "as many parameters" in
 display(Markdown("\n".join(f"- {line}" for line in verdict_lines(study))))
 display(Markdown("Log: " + "; ".join(study_log)))
 study_table(study)
+
+# %% [markdown]
+# The latent model's inner step size (study.inner_lrs): a pilot per candidate on the first training
+# seed, the lowest training loss chosen; the other seeds train at it. The scored suffix NLL is shown,
+# not used.
+
+# %%
+inner_lr_table(study)
 
 # %% [markdown]
 # The bound (NLL + KL per token) by inference steps, for the encoder's start and the cold starts,

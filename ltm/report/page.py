@@ -26,7 +26,7 @@ from ltm.params import read_params
 from ltm.report.records import latest_grid, read_records, recorded_kernel_rows
 from ltm.report.render import human
 from ltm.report.gpu import Section
-from ltm.report.study import bound_figure, encoder_table, study_table
+from ltm.report.study import bound_figure, encoder_table, inner_lr_sentence, study_table
 
 
 def _read_json(path: Path) -> dict | None:
@@ -77,7 +77,7 @@ def study_section(results_dir: Path) -> Section:
     # the verdict lines head the page (ltm.report.headline); the published bound as one
     # sentence, its table in the study notebook (the page's height is held to a limit)
     return Section(title, [study_table(study), encoder_table(study)], [bound_figure(study)],
-                   STUDY_NOTE + published_sentence(study))
+                   STUDY_NOTE + inner_lr_sentence(study) + published_sentence(study))
 
 
 def recorded_study_section(records_dir: Path) -> Section:

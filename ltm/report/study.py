@@ -57,6 +57,36 @@ def encoder_table(study: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def inner_lr_table(study: dict) -> pd.DataFrame:
+    """The latent model's inner step size per source: each candidate's pilot (the first training
+    seed) with its training loss, the choice's criterion, and its scored suffix NLL, which the
+    choice does not read."""
+    rows = []
+    for source, s in (study.get("sources") or {}).items():
+        chosen = s.get("inner_lr")
+        for pilot in (chosen or {}).get("pilots", []):
+            rows.append({"source": source, "inner lr": pilot["lr"],
+                         "training loss (chooses)": round(pilot["train_loss"], 4),
+                         "suffix NLL, seed 1": round(pilot["suffix_nll"], 4),
+                         "chosen": "yes" if pilot["lr"] == chosen["chosen"] else ""})
+    return pd.DataFrame(rows)
+
+
+def inner_lr_sentence(study: dict) -> str:
+    """The step sizes chosen, one clause per source ("" when the study ran without a choice)."""
+    parts = []
+    for source, s in (study.get("sources") or {}).items():
+        chosen = s.get("inner_lr")
+        if chosen and len(chosen["pilots"]) > 1:
+            losses = "/".join(f"{p['train_loss']:.3f}" for p in chosen["pilots"])
+            lrs = "/".join(f"{p['lr']:g}" for p in chosen["pilots"])
+            parts.append(f"{source} {chosen['chosen']:g} (of {lrs}: training loss {losses})")
+    if not parts:
+        return ""
+    return (" The latent model's inner step size, chosen per source by the first seed's training "
+            "loss (the scored sequences play no part): " + "; ".join(parts) + ".")
+
+
 def published_table(study: dict) -> pd.DataFrame:
     """The latent model's numbers side by side: the bound as the LTM authors report it (q and its
     noise fitted to the scored text), the honest bound (fresh noise), IWAE K=64 and the suffix

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ltm.latent.encoder import attach_encoder
 from ltm.model.config import ModelConfig
 from ltm.model.lm import LTM
-from ltm.study.scoring import Scored, latent_config, score_contender
+from ltm.study.scoring import Scored, bound_curves, latent_config, raw_bounds, score_contender
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource
 from ltm.train.counterpart import flops_of, inner_passes
@@ -86,6 +86,7 @@ class Contenders:
     dynamic: dict | None = None  # dynamic evaluation's chosen step size
     curves: list[dict] | None = None  # the first seed's latent model only
     bounds: dict | None = None  # ... and its published-vs-honest bounds per sequence
+    inner_lr: dict | None = None  # the step size chosen, and each candidate's pilot (first seed)
 
 
 def _schedule(cfg: StudyConfig, steps: int) -> TrainConfig:
@@ -190,33 +191,94 @@ def seed_configs(cfg: StudyConfig) -> list[StudyConfig]:
     return [dataclasses.replace(cfg, seed=cfg.seed + i) for i in range(cfg.seeds)]
 
 
+def latent_curves(weights: dict, plan: Plan, source: StudySource, cfg: StudyConfig
+                  ) -> tuple[list[dict], dict]:
+    """The bound curves and the published-vs-honest bounds of a trained latent contender (a job:
+    the first seed's model, once its step size is chosen)."""
+    module = build_contender("latent", plan, cfg, source.val_x.device)
+    module.load_state_dict(weights)
+    module.eval()
+    return bound_curves(module.model, source, cfg), raw_bounds(module.model, source, cfg)
+
+
+def _with_lr(cfg: StudyConfig, lr: float) -> StudyConfig:
+    return dataclasses.replace(cfg, inner_lrs=[lr])
+
+
 def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
                      say=print) -> list[Contenders]:
     """For each training seed (seed_configs): the latent model, the parameter-matched plain
     model, the shared-latents model (all for cfg.steps batches) and the plain model at the latent
-    model's training FLOPs, each trained and scored in one job; side by side on a CPU
-    (study.workers processes), the first seed's latent model (the longest job: it also draws the
-    curves) first."""
+    model's training FLOPs, each trained and scored in one job, side by side on a CPU
+    (study.workers processes). Two rounds: the first seed's latent model at every step size of
+    cfg.inner_lrs (the pilots) beside the controls of every seed; then the chosen pilot's curves
+    and the other seeds' latent models at its step size (`choose_inner_lr`)."""
     plan, device = plan_contenders(source, cfg), source.val_x.device
-    jobs = [(name, plan, source, seeded) for seeded in seed_configs(cfg) for name in plan.names]
-    workers = cpu_workers(cfg.workers, len(jobs), device)
-
-    def report(index: int, result: tuple) -> None:
-        name, seed = jobs[index][0], jobs[index][3].seed
-        say(f"study {source.name}: {LABELS[name]} (seed {seed}): {plan.steps[name]} steps and "
-            f"scoring in {result[2]:.0f} s, training loss {result[1]:.3f}")
-
-    # the source travels to the workers on the CPU; a GPU run stays in this process
-    results = run_jobs(train_contender, [(*job, progress and workers == 1, job[3].seed == cfg.seed)
-                                         for job in jobs], workers, report)
+    seeds = seed_configs(cfg)
+    single = len(cfg.inner_lrs) == 1  # no choice: the pilot is the first seed's model, curves too
+    pilots = [("latent", plan, source, _with_lr(seeds[0], lr), progress, single)
+              for lr in cfg.inner_lrs]
+    controls = [(name, plan, source, seeded, progress, False)
+                for seeded in seeds for name in plan.names if name != "latent"]
+    first = _run(pilots + controls, source, plan, cfg, say)
+    inner_lr = choose_inner_lr(cfg.inner_lrs, first[:len(pilots)])
+    best = cfg.inner_lrs.index(inner_lr["chosen"])
+    chosen = [_with_lr(seeded, inner_lr["chosen"]) for seeded in seeds]
+    curves = [] if single else [("curves", first[best][0], plan, source, chosen[0])]
+    second = _run(curves + [("latent", plan, source, seeded, progress, False)
+                            for seeded in chosen[1:]], source, plan, cfg, say)
+    if curves:
+        first[best][3].curves, first[best][3].bounds = second.pop(0)
+        say(f"study {source.name}: inner step size {inner_lr['chosen']} of {cfg.inner_lrs}")
     notes = [] if "plain_equal_flops" in plan.names else [
         f"plain at equal training FLOPs skipped: needs {plan.steps['plain_equal_flops']} steps, "
         f"over study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
     for note in notes:
         say(note)
-    per_seed = len(plan.names)
-    return [_assembled(plan, seeded, device, results[i * per_seed:(i + 1) * per_seed], notes)
-            for i, seeded in enumerate(seed_configs(cfg))]
+    others, latents = iter(first[len(pilots):]), iter([first[best]] + second)
+    runs = []
+    for seeded in chosen:
+        results = [next(latents) if name == "latent" else next(others) for name in plan.names]
+        runs.append(dataclasses.replace(_assembled(plan, seeded, device, results, notes),
+                                        inner_lr=inner_lr))
+    return runs
+
+
+def choose_inner_lr(lrs: list[float], pilots: list[tuple]) -> dict:
+    """The step size whose pilot (train_contender's result) trained to the lowest loss, the
+    mean of its last 10% of steps: a bound on the training sequences, so the scored sequences
+    play no part in the choice; each pilot's scored suffix NLL is kept for the report."""
+    losses = [result[1] for result in pilots]
+    best = min(range(len(lrs)), key=losses.__getitem__)
+    return {"chosen": lrs[best], "by": "the first seed's training loss (last 10% of its steps)",
+            "pilots": [{"lr": lr, "train_loss": loss,
+                        "suffix_nll": float(result[3].scores["latent"].mean())}
+                       for lr, loss, result in zip(lrs, losses, pilots)]}
+
+
+def _job(kind: str, *args):
+    """A worker's job: "curves" (latent_curves) or a contender's name (train_contender)."""
+    return latent_curves(*args) if kind == "curves" else train_contender(kind, *args)
+
+
+def _run(jobs: list[tuple], source: StudySource, plan: Plan, cfg: StudyConfig, say) -> list:
+    """The jobs (_job's arguments) on study.workers processes (a GPU run stays in this
+    process), saying each training job's steps, seconds and loss as it finishes."""
+    workers = cpu_workers(cfg.workers, len(jobs), source.val_x.device)
+
+    def report(index: int, result: tuple) -> None:
+        name, seeded = jobs[index][0], jobs[index][-1]
+        if name == "curves":
+            return
+        seeded = jobs[index][3]
+        lr = f", inner lr {seeded.inner_lrs[0]}" if name == "latent" else ""
+        say(f"study {source.name}: {LABELS[name]} (seed {seeded.seed}{lr}): {plan.steps[name]} "
+            f"steps and scoring in {result[2]:.0f} s, training loss {result[1]:.3f}")
+
+    # a progress bar only where one job runs at a time
+    jobs = [job if job[0] == "curves" else (*job[:4], job[4] and workers == 1, job[5])
+            for job in jobs]
+    return run_jobs(_job, jobs, workers, report)
 
 
 def _assembled(plan: Plan, cfg: StudyConfig, device: torch.device, results: list[tuple],

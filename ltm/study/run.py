@@ -75,6 +75,7 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
            "train_loss_last10pct": {k: float(np.mean([c.train_loss[k] for c in runs]))
                                     for k in first.train_loss},
            "equal_flops_steps": first.equal_flops_steps,
+           "inner_lr": first.inner_lr,
            "dynamic_evaluation": [c.dynamic or {} for c in runs],
            "suffix_nll": {k: mean_se_over_seeds(v) for k, v in scores.items()},
            "gain_over": {k: paired_over_seeds(v, scores["latent"])

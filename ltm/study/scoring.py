@@ -39,8 +39,10 @@ class Scored:
 
 
 def latent_config(cfg: StudyConfig) -> LatentConfig:
-    """The latent model's inference: encoder start, cfg.inner_steps refining steps."""
-    return LatentConfig(steps=cfg.inner_steps, init="encoder", encoder_layers=cfg.encoder_layers)
+    """The latent model's inference: encoder start, cfg.inner_steps refining steps from the first
+    of cfg.inner_lrs (a job's configuration lists the one step size it trains with)."""
+    return LatentConfig(steps=cfg.inner_steps, init="encoder", encoder_layers=cfg.encoder_layers,
+                        lr=cfg.inner_lrs[0])
 
 
 def bound_curves(model: LTM, source: StudySource, cfg: StudyConfig) -> list[dict]:

@@ -1,5 +1,6 @@
 """ltm.report.study: the study's tables and figure from its metrics."""
-from ltm.report.study import bound_figure, encoder_table, published_table, study_table, verdict_lines
+from ltm.report.study import (bound_figure, encoder_table, inner_lr_sentence, inner_lr_table,
+                              published_table, study_table, verdict_lines)
 
 SOURCE = {
     "suffix_nll": {"latent": {"mean": 3.1, "se": 0.01}, "plain": {"mean": 3.3, "se": 0.01},
@@ -78,3 +79,19 @@ def test_the_published_bound_stands_beside_the_honest_numbers():
                                          "3.100 ± 0.010", "+0.040 ± 0.005"]
     assert list(table["sequences"]) == [4, 4, 4, 8, 4]
     assert published_table({"sources": {"corpus": {}}}).empty
+
+
+def test_the_inner_step_size_table_and_sentence_name_the_choice_and_its_criterion():
+    pilots = [{"lr": 0.3, "train_loss": 5.93, "suffix_nll": 6.17},
+              {"lr": 0.03, "train_loss": 5.69, "suffix_nll": 5.94}]
+    study = {"enabled": True, "sources": {"corpus": {"inner_lr": {"chosen": 0.03, "pilots": pilots}},
+                                          "testbed": {}}}
+    table = inner_lr_table(study)
+    assert list(table["inner lr"]) == [0.3, 0.03] and list(table["chosen"]) == ["", "yes"]
+    assert list(table["training loss (chooses)"]) == [5.93, 5.69]
+    sentence = inner_lr_sentence(study)
+    assert "corpus 0.03 (of 0.3/0.03: training loss 5.930/5.690)" in sentence
+    assert "testbed" not in sentence
+    # one candidate: nothing was chosen, nothing to say
+    single = {"enabled": True, "sources": {"corpus": {"inner_lr": {"chosen": 0.3, "pilots": pilots[:1]}}}}
+    assert inner_lr_sentence(single) == "" and len(inner_lr_table(single)) == 1

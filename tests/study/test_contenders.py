@@ -2,22 +2,24 @@
 equal-FLOPs model, trained here or in worker processes alike."""
 import dataclasses
 
+import numpy as np
 import torch
 
 from ltm.data.cache import DataConfig
 from ltm.data.synthetic import SyntheticConfig
 from ltm.latent.encoder import attach_encoder
 from ltm.model.lm import LTM
-from ltm.study.contenders import (SharedLatents, decoder_config, latent_config, matched_d_ff,
-                                  non_embedding_params, plan_contenders, train_contenders,
-                                  train_model)
+from ltm.study.contenders import (SharedLatents, choose_inner_lr, decoder_config, latent_config,
+                                  matched_d_ff, non_embedding_params, plan_contenders,
+                                  train_contenders, train_model)
+from ltm.study.scoring import Scored
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import synthetic_source
 from ltm.train.objective import LossModel
 
 SYN = SyntheticConfig(topics=2, symbols=6, length=16, train_sequences=64, val_sequences=8)
 CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, steps=6, batch_size=4, warmup_steps=2,
-                  val_sequences=8, inner_steps=1, workers=1, seeds=1)
+                  val_sequences=8, inner_steps=1, workers=1, seeds=1, inner_lrs=[0.3])
 
 
 def source():
@@ -84,7 +86,7 @@ def test_the_contenders_are_trained_the_same_in_worker_processes_as_here():
     assert here[0].curves and set(here[0].bounds) == {"reused_noise", "fresh_noise", "iwae"}
     assert here[1].curves is None and here[1].bounds is None
     assert sorted(line.split(":")[1].strip() for line in said) == sorted(
-        f"{label} (seed {seed})" for seed in (0, 1)
+        f"{label} (seed {seed}{', inner lr 0.3' if label == 'latent' else ''})" for seed in (0, 1)
         for label in ("latent", "plain", "shared z", "plain, equal FLOPs"))
 
 
@@ -96,3 +98,30 @@ def test_the_equal_flops_model_is_skipped_over_its_cap():
     assert plan.names == ["latent", "plain", "shared"] and plan.steps["plain_equal_flops"] > CFG.steps
     [c] = train_contenders(src, capped, progress=False, say=lambda *a: None)
     assert c.equal_flops is None and "skipped" in c.notes[0] and "plain_equal_flops" not in c.train_loss
+
+
+def test_the_inner_step_size_is_the_pilot_with_the_lowest_training_loss_whatever_it_scores():
+    # (weights, training loss, seconds, scores) as train_contender returns them: the second
+    # trained best and scored worst
+    pilots = [({}, loss, 1.0, Scored({"latent": np.full(4, nll)}))
+              for loss, nll in ((3.2, 5.0), (3.1, 6.0), (3.3, 4.0))]
+    chosen = choose_inner_lr([0.3, 0.1, 0.03], pilots)
+    assert chosen["chosen"] == 0.1
+    assert [p["suffix_nll"] for p in chosen["pilots"]] == [5.0, 6.0, 4.0]
+
+
+def test_the_other_seeds_train_at_the_chosen_step_size_and_the_curves_are_the_chosen_pilots():
+    src, said = source(), []
+    two = dataclasses.replace(CFG, seeds=2, inner_lrs=[3.0, 0.001])
+    runs = train_contenders(src, two, progress=False, say=said.append)
+    pilots = runs[0].inner_lr["pilots"]
+    best = min(pilots, key=lambda p: p["train_loss"])
+    assert [p["lr"] for p in pilots] == [3.0, 0.001] and pilots[0]["train_loss"] != pilots[1]["train_loss"]
+    assert runs[0].inner_lr["chosen"] == runs[1].inner_lr["chosen"] == best["lr"]
+    # the first seed's latent model is the chosen pilot: its loss and scores
+    assert runs[0].train_loss["latent"] == best["train_loss"]
+    assert abs(float(runs[0].scores["latent"].mean()) - best["suffix_nll"]) < 1e-9
+    assert runs[0].curves and runs[1].curves is None and set(runs[0].bounds) == {
+        "reused_noise", "fresh_noise", "iwae"}
+    assert f"latent (seed 1, inner lr {best['lr']})" in [line.split(":")[1].strip() for line in said]
+    assert sum(", inner lr" in line for line in said) == 3  # two pilots and seed 1
