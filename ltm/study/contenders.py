@@ -267,7 +267,7 @@ def _run(jobs: list[tuple], source: StudySource, plan: Plan, cfg: StudyConfig, s
     workers = cpu_workers(cfg.workers, len(jobs), source.val_x.device)
 
     def report(index: int, result: tuple) -> None:
-        name, seeded = jobs[index][0], jobs[index][-1]
+        name = jobs[index][0]
         if name == "curves":
             return
         seeded = jobs[index][3]
