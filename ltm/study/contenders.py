@@ -221,8 +221,7 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
     controls = [(name, plan, source, seeded, progress, False)
                 for seeded in seeds for name in plan.names if name != "latent"]
     first = _run(pilots + controls, source, plan, cfg, say)
-    inner_lr = choose_inner_lr(cfg.inner_lrs, first[:len(pilots)])
-    best = cfg.inner_lrs.index(inner_lr["chosen"])
+    best, inner_lr = choose_inner_lr(cfg.inner_lrs, first[:len(pilots)])
     chosen = [_with_lr(seeded, inner_lr["chosen"]) for seeded in seeds]
     curves = [] if single else [("curves", first[best][0], plan, source, chosen[0])]
     second = _run(curves + [("latent", plan, source, seeded, progress, False)
@@ -244,13 +243,14 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
     return runs
 
 
-def choose_inner_lr(lrs: list[float], pilots: list[tuple]) -> dict:
-    """The step size whose pilot (train_contender's result) trained to the lowest loss, the
-    mean of its last 10% of steps: a bound on the training sequences, so the scored sequences
-    play no part in the choice; each pilot's scored suffix NLL is kept for the report."""
+def choose_inner_lr(lrs: list[float], pilots: list[tuple]) -> tuple[int, dict]:
+    """The pilot (train_contender's result) that trained to the lowest loss, the mean of its
+    last 10% of steps: a bound on the training sequences, so the scored sequences play no part
+    in the choice. Returns its index and the record of the choice, each pilot's scored suffix
+    NLL kept for the report."""
     losses = [result[1] for result in pilots]
     best = min(range(len(lrs)), key=losses.__getitem__)
-    return {"chosen": lrs[best], "by": "the first seed's training loss (last 10% of its steps)",
+    return best, {"chosen": lrs[best], "by": "the first seed's training loss (last 10% of its steps)",
             "pilots": [{"lr": lr, "train_loss": loss,
                         "suffix_nll": float(result[3].scores["latent"].mean())}
                        for lr, loss, result in zip(lrs, losses, pilots)]}

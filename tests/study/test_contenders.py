@@ -105,8 +105,8 @@ def test_the_inner_step_size_is_the_pilot_with_the_lowest_training_loss_whatever
     # trained best and scored worst
     pilots = [({}, loss, 1.0, Scored({"latent": np.full(4, nll)}))
               for loss, nll in ((3.2, 5.0), (3.1, 6.0), (3.3, 4.0))]
-    chosen = choose_inner_lr([0.3, 0.1, 0.03], pilots)
-    assert chosen["chosen"] == 0.1
+    best, chosen = choose_inner_lr([0.3, 0.1, 0.03], pilots)
+    assert best == 1 and chosen["chosen"] == 0.1
     assert [p["suffix_nll"] for p in chosen["pilots"]] == [5.0, 6.0, 4.0]
 
 
