@@ -67,7 +67,8 @@ def check_rwkv7_inputs(r, w, k, v, a, b, initial_state) -> None:
 # Triton's CPU interpreter (3.7) multiplies bfloat16 tiles as raw bits and converts float32 to
 # bfloat16 by truncation; under it `dot` and `rounded` round to nearest even themselves and
 # multiply in float32, which gives the numbers the tensor cores give (exact products of bfloat16
-# operands, float32 sums), so the CPU tests check the bfloat16 path too.
+# operands, float32 sums), so the CPU tests check the bfloat16 path too; tf32 products likewise
+# (`tf32_truncated`).
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -106,6 +107,16 @@ def rounded(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def tf32_truncated(x):
+    """x in float32 with the 13 low mantissa bits cleared: the operand a tf32 product sees (the
+    tensor cores read the top 19 bits; rounding to nearest would halve the error, so the
+    interpreter's tf32 `dot` is the more pessimistic of the two). The interpreter multiplies
+    float32 exactly otherwise, so without this the CPU tests could not see tf32's rounding."""
+    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    return (bits & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dot(a, b, PRECISION: tl.constexpr):
     """a @ b with float32 sums; PRECISION as `dot_precision` returns."""
     if PRECISION == "bf16" and not _INTERPRETED:
@@ -113,6 +124,8 @@ def dot(a, b, PRECISION: tl.constexpr):
     elif PRECISION == "bf16":
         return tl.dot(rounded(a, tl.bfloat16).to(tl.float32), rounded(b, tl.bfloat16).to(tl.float32),
                       input_precision="ieee")
+    elif PRECISION == "tf32" and _INTERPRETED:
+        return tl.dot(tf32_truncated(a), tf32_truncated(b), input_precision="ieee")
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
 

@@ -95,6 +95,29 @@ def test_rounded_and_bf16_dot_round_to_nearest_even_like_torch():
     assert rel_err(c, ref) <= 1e-6, f"seed={seed}: rel err {rel_err(c, ref):.2e}"
 
 
+@triton.jit
+def _tf32_dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    offsets = idx[:, None] * N + idx[None, :]
+    tl.store(c_ptr + offsets, dot(tl.load(a_ptr + offsets), tl.load(b_ptr + offsets), "tf32"))
+
+
+def test_tf32_dot_rounds_its_operands_as_the_tensor_cores_do():
+    # tf32 keeps 10 mantissa bits: products of 32 random terms come out ~1e-3 off the exact
+    # ones, not float32's ~1e-7; under the interpreter, exactly the truncated operands' product
+    seed = case_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(32, 32, generator=gen).to(DEVICE) for _ in range(2))
+    c = torch.full_like(a, float("nan"))
+    _tf32_dot_kernel[(1,)](a, b, c, 32)
+    err = rel_err(c, a.double() @ b.double())
+    assert 1e-4 < err < 3e-3, f"seed={seed}: rel err {err:.2e}"
+    if DEVICE.type == "cpu":
+        def truncated(x):
+            return (x.view(torch.int32) & -8192).view(torch.float32).double()
+        assert rel_err(c, truncated(a) @ truncated(b)) <= 1e-6, f"seed={seed}"
+
+
 def test_nan_buffer_is_poisoned_only_when_asked(monkeypatch):
     monkeypatch.setenv("LTM_POISON_BUFFERS", "1")
     assert torch.isnan(nan_buffer((3, 5), torch.float32, torch.device("cpu"))).all()
