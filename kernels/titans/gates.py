@@ -11,16 +11,19 @@ and at the chunk's last token L: the ends (a_L, b_L, E_L), Gamma's row L (w_last
 The kernels use the recurrences these sums satisfy, row by row (rows t of Gamma and P; 0 before
 the first, delta_t the unit row):
     b_t = f_t b_{t-1} + E_t,   P_t = e_t P_{t-1} + delta_t,   Gamma_t = f_t Gamma_{t-1} + P_t,
-each an associative scan of affine maps down the chunk; no tile product (a product of two 64 x 64
-tiles, float32-exact, spilled 1 to 6 KB a thread in these kernels on sm_90). The backward runs
-the adjoint recurrences up the chunk (c-tilde_t = c-bar_t + f_{t+1} c-tilde_{t+1}, the totals of
-each output's gradient) and collects, per factor, its gradient times what it multiplied:
+b as an associative scan, P and Gamma by a loop down the chunk that carries one [BT] row of each
+(every thread its own columns: nothing waits on another thread). No tile product (a product of
+two 64 x 64 tiles, float32-exact, spilled 1 to 6 KB a thread in these kernels on sm_90), and no
+scan over [BT, BT] tiles (those made Gamma at about a sixth of the speed its bytes allow, H100,
+2026-12-06). The backward runs the adjoint recurrences up the chunk (c-tilde_t = c-bar_t +
+f_{t+1} c-tilde_{t+1}, the totals of each output's gradient) and collects, per factor, its
+gradient times what it multiplied:
     df_t = a~_t a_{t-1} + b~_t b_{t-1} + rowsum(Gamma~_t * Gamma_{t-1}),
     de_t = E~_t E_{t-1} + rowsum(P~_t * P_{t-1}),
-with P~ = P-bar + Gamma~ (scanned with e) and E-bar + b~ scanned into E~; the previous rows come
-from the same scans over the previous token's factors. No division by a product anywhere: alpha
-= 1 or eta = 0 (a factor of exactly zero) stays exact. One program per chunk, batch and head;
-every tile is [BT] or [BT, BT] float32. Made in PyTorch these were about 60 small launches per op
+with P~ = P-bar + Gamma~ (carried with e) and E-bar + b~ scanned into E~; its loop up the chunk
+reads P's and Gamma's previous rows back from a buffer its loop down the chunk wrote. No
+division by a product anywhere: alpha = 1 or eta = 0 (a factor of exactly zero) stays exact.
+One program per chunk, batch and head; every tile is a [BT] float32 vector. Made in PyTorch these were about 60 small launches per op
 call and, at 8 x 2048 x 12 x 64 (chunk 16) on an H100, about 2 of the linear memory's 6.5 ms.
 """
 from __future__ import annotations
@@ -82,13 +85,6 @@ def _gate_factors(alpha, eta, i_b, i_h, t, mt, T, H: tl.constexpr):
 
 
 @triton.jit
-def _rows(f, e, unit):
-    """P and Gamma [BT, BT] from the factors f, e [BT] and the unit rows `unit`."""
-    P = _recur(tl.broadcast_to(e[:, None], unit.shape), unit, False)
-    return P, _recur(tl.broadcast_to(f[:, None], unit.shape), P, False)
-
-
-@triton.jit
 def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out, p_last_out, T,
                       NT, H: tl.constexpr, BT: tl.constexpr):
     c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -98,14 +94,24 @@ def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out,
     f, e = _gate_factors(alpha, eta, i_b, i_h, t, t < T, T, H)
     a, E = tl.cumprod(f, 0), tl.cumprod(e, 0)
     b = _recur(f, E, False)
-    P, gamma = _rows(f, e, tl.where(r[:, None] == r[None, :], 1.0, 0.0))
-    last = r == tl.minimum(T - 1 - c * BT, BT - 1)
+    L = tl.minimum(T - 1 - c * BT, BT - 1)  # the chunk's last token
     base = (i_bh * NT + c) * BT
+    # P's and Gamma's rows token by token, each a [BT] vector over the columns s: the recurrence
+    # runs along the loop, so no thread waits on another (a scan over [BT, BT] tiles did, and took
+    # about 6x the time its 16 KB of output needs to be written)
+    P_row = tl.zeros([BT], dtype=tl.float32)
+    gamma_row = tl.zeros([BT], dtype=tl.float32)
+    for i in range(BT):
+        f_i, e_i = _gate_factors(alpha, eta, i_b, i_h, c * BT + i, c * BT + i < T, T, H)
+        P_row = e_i * P_row + tl.where(r == i, 1.0, 0.0)
+        gamma_row = f_i * gamma_row + P_row
+        tl.store(gamma_out + (base + i) * BT + r, gamma_row)
+        at_last = r * 0 + i == L
+        tl.store(w_last_out + base + r, gamma_row, mask=at_last)
+        tl.store(p_last_out + base + r, P_row, mask=at_last)
+    last = r == L
     tl.store(a_out + base + r, a)
     tl.store(b_out + base + r, b)
-    tl.store(gamma_out + (base + r)[:, None] * BT + r[None, :], gamma)
-    tl.store(w_last_out + base + r, tl.sum(tl.where(last[:, None], gamma, 0.0), 0))
-    tl.store(p_last_out + base + r, tl.sum(tl.where(last[:, None], P, 0.0), 0))
     ends = (i_bh * NT + c) * 3
     tl.store(ends_out + ends, tl.sum(tl.where(last, a, 0.0), 0))
     tl.store(ends_out + ends + 1, tl.sum(tl.where(last, b, 0.0), 0))
@@ -113,8 +119,8 @@ def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out,
 
 
 @triton.jit
-def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalpha, deta, T, NT,
-                      H: tl.constexpr, BT: tl.constexpr):
+def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalpha, deta, p_rows,
+                      gamma_rows, T, NT, H: tl.constexpr, BT: tl.constexpr):
     c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     r = tl.arange(0, BT)
@@ -124,38 +130,59 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
     # the next one's (1 past the chunk: they multiply the zero after the last row)
     f_prev, e_prev = _gate_factors(alpha, eta, i_b, i_h, t - 1, (r >= 1) & (t - 1 < T), T, H)
     f_next, e_next = _gate_factors(alpha, eta, i_b, i_h, t + 1, (r + 1 < BT) & (t + 1 < T), T, H)
-    # a_{t-1}, E_{t-1} (1 at the first token), b_{t-1} (0 there), and P's and Gamma's rows t - 1
+    # a_{t-1}, E_{t-1} (1 at the first token), b_{t-1} (0 there)
     a_prev = tl.cumprod(tl.where(r >= 1, f_prev, 1.0), 0)
     E_prev = tl.cumprod(tl.where(r >= 1, e_prev, 1.0), 0)
     b_prev = _recur(f_prev, tl.where(r >= 1, E_prev, 0.0), False)
-    P_prev, gamma_prev = _rows(f_prev, e_prev, tl.where(r[:, None] == r[None, :] + 1, 1.0, 0.0))
-    last = r == tl.minimum(T - 1 - c * BT, BT - 1)
+    L = tl.minimum(T - 1 - c * BT, BT - 1)
+    last = r == L
     base = (i_bh * NT + c) * BT
     ends = (i_bh * NT + c) * 3
-    # the outputs' gradients, the chunk ends' and the last rows' added at the last token
-    a_bar = tl.load(da + base + r) + tl.where(last, tl.load(dends + ends), 0.0)
-    b_bar = tl.load(db + base + r) + tl.where(last, tl.load(dends + ends + 1), 0.0)
-    gamma_bar = (tl.load(dgamma + (base + r)[:, None] * BT + r[None, :])
-                 + tl.where(last[:, None], tl.load(dw_last + base + r)[None, :], 0.0))
-    p_bar = tl.where(last[:, None], tl.load(dp_last + base + r)[None, :], 0.0)
-    # their totals, up the chunk
-    f_up = tl.broadcast_to(f_next[:, None], gamma_bar.shape)
-    gamma_total = _recur(f_up, gamma_bar, True)
-    p_total = _recur(tl.broadcast_to(e_next[:, None], gamma_bar.shape), p_bar + gamma_total, True)
-    b_total = _recur(f_next, b_bar, True)
+    # the outputs' gradients, the chunk ends' added at the last token, and their totals up the chunk
+    a_total = _recur(f_next, tl.load(da + base + r) + tl.where(last, tl.load(dends + ends), 0.0), True)
+    b_total = _recur(f_next, tl.load(db + base + r) + tl.where(last, tl.load(dends + ends + 1), 0.0),
+                     True)
     e_total = _recur(e_next, tl.where(last, tl.load(dends + ends + 2), 0.0) + b_total, True)
-    a_total = _recur(f_next, a_bar, True)
-    df = a_total * a_prev + b_total * b_prev + tl.sum(gamma_total * gamma_prev, 1)
-    de = e_total * E_prev + tl.sum(p_total * P_prev, 1)
+    # P's and Gamma's rows down the chunk, as the forward makes them, kept for the pass up it
+    P_row = tl.zeros([BT], dtype=tl.float32)
+    gamma_row = tl.zeros([BT], dtype=tl.float32)
+    for i in range(BT):
+        f_i, e_i = _gate_factors(alpha, eta, i_b, i_h, c * BT + i, c * BT + i < T, T, H)
+        P_row = e_i * P_row + tl.where(r == i, 1.0, 0.0)
+        gamma_row = f_i * gamma_row + P_row
+        tl.store(p_rows + (base + i) * BT + r, P_row)
+        tl.store(gamma_rows + (base + i) * BT + r, gamma_row)
+    tl.debug_barrier()  # every row is stored before any thread reads one back
+    # up the chunk: Gamma's and P's gradient totals row by row, each met with the row before it
+    dw = tl.load(dw_last + base + r)
+    dp = tl.load(dp_last + base + r)
+    gamma_total = tl.zeros([BT], dtype=tl.float32)
+    p_total = tl.zeros([BT], dtype=tl.float32)
+    df_rows = tl.zeros([BT], dtype=tl.float32)
+    de_rows = tl.zeros([BT], dtype=tl.float32)
+    for j in range(BT):
+        i = BT - 1 - j
+        nxt = c * BT + i + 1  # masks built from tensors: the interpreter takes no Python bool
+        f_n, e_n = _gate_factors(alpha, eta, i_b, i_h, nxt, (nxt < c * BT + BT) & (nxt < T), T, H)
+        gamma_total = (tl.load(dgamma + (base + i) * BT + r) + tl.where(i == L, dw, 0.0)
+                       + f_n * gamma_total)
+        p_total = tl.where(i == L, dp, 0.0) + gamma_total + e_n * p_total
+        before = r * 0 + i >= 1
+        gamma_before = tl.load(gamma_rows + (base + i - 1) * BT + r, mask=before, other=0.0)
+        P_before = tl.load(p_rows + (base + i - 1) * BT + r, mask=before, other=0.0)
+        df_rows = tl.where(r == i, tl.sum(gamma_total * gamma_before, 0), df_rows)
+        de_rows = tl.where(r == i, tl.sum(p_total * P_before, 0), de_rows)
+    df = a_total * a_prev + b_total * b_prev + df_rows
+    de = e_total * E_prev + de_rows
     offs = (i_b * T + t) * H + i_h
     tl.store(dalpha + offs, (-df).to(dalpha.dtype.element_ty), mask=mt)
     tl.store(deta + offs, de.to(deta.dtype.element_ty), mask=mt)
 
 
 def _warps(chunk: int) -> int:
-    # ptxas for sm_90: the backward at chunk 64 takes 255 registers a thread on 4 warps, 128 on 8
-    # (no spills either way); at chunk 16, 39 on 4
-    return 4 if chunk <= 16 else 8
+    # every tile is one [BT] row: one warp holds it (BT / 32 numbers a thread), and the loops'
+    # row sums stay within the warp. Not yet measured against 2 and 4 warps.
+    return 1
 
 
 def triton_chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int
@@ -180,6 +207,9 @@ def triton_chunk_gates_bwd(alpha: torch.Tensor, eta: torch.Tensor, chunk: int,
     B, T, H = alpha.shape
     NT = cdiv(T, chunk)
     dalpha, deta = torch.empty_like(alpha), torch.empty_like(eta)
-    _gates_bwd_kernel[(NT, B * H)](alpha, eta, *grads, dalpha, deta, T, NT, H=H, BT=chunk,
-                                   num_warps=_warps(chunk))
+    # P's and Gamma's rows, written and read back by the same program
+    p_rows, gamma_rows = (torch.empty((B, H, NT * chunk, chunk), dtype=torch.float32,
+                                      device=alpha.device) for _ in range(2))
+    _gates_bwd_kernel[(NT, B * H)](alpha, eta, *grads, dalpha, deta, p_rows, gamma_rows, T, NT,
+                                   H=H, BT=chunk, num_warps=_warps(chunk))
     return dalpha, deta
