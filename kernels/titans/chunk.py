@@ -30,15 +30,20 @@ def _launch_options(K: int, V: int) -> dict:
 # products' cumulative products became scan kernels for Inductor to compile in every layer (68 s
 # for a 2-layer model's first step on an H100, minutes for 12). Inside, the Triton launches run
 # eagerly. Options travel as plain scalars (clip 0 = no clipping); outputs a call does not need
-# are empty tensors.
+# are empty tensors. The forward's gate products go to the backward (Gamma is [B, H, T, BT] float32,
+# 50 MB a layer at 8 x 2048 x 12 and chunk 64) instead of being made again there: the recompute
+# was 12 of the 24 `_gates_fwd` launches of a training step, 1.45 of its 68.6 ms (H100, linear
+# memory, records/lab/titans-train-profile-h100-2026-12-06.json).
 @torch.library.custom_op("ltm::titans_memory_fwd", mutates_args=())
 def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
                 alpha: torch.Tensor, eta: torch.Tensor, w0: torch.Tensor, s0: torch.Tensor,
                 chunk: int, clip: float, final: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                           torch.Tensor]:
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor]:
     """o, the final memory and momentum (empty unless `final`), and for the backward each chunk's
-    entering memory and momentum [B, H, NT, K, V] and g [B, H, NT * BT]."""
+    entering memory and momentum [B, H, NT, K, V], g [B, H, NT * BT] and the six gate products
+    (`triton_chunk_gates`)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], cdiv(T, chunk)
     f32, dev = torch.float32, q.device
@@ -48,7 +53,8 @@ def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
     g = nan_buffer((B, H, NT * chunk), f32, dev)
     wt = torch.empty((B, H, K, V) if final else (0,), dtype=f32, device=dev)
     st = torch.empty_like(wt)
-    a, b, gamma, ends, w_last, p_last = triton_chunk_gates(alpha, eta, chunk)
+    gates = triton_chunk_gates(alpha, eta, chunk)
+    a, b, gamma, ends, w_last, p_last = gates
     dims = dict(H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
                 PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
     _titans_states_kernel[(B * H,)](
@@ -56,7 +62,7 @@ def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
         clip or 1.0, USE_CLIP=clip > 0, STORE_FINAL=final, **dims)
     _titans_output_kernel[(NT, B * H)](q, k, v, a, b, gamma, w_states, s_states, g, o, T, NT,
                                        **dims)
-    return o, wt, st, w_states, s_states, g
+    return o, wt, st, w_states, s_states, g, *gates
 
 
 @_titans_fwd.register_fake
@@ -65,23 +71,28 @@ def _(q, k, v, theta, alpha, eta, w0, s0, chunk, clip, final):
     V, NT = v.shape[-1], cdiv(T, chunk)
     state = q.new_empty((B, H, K, V) if final else (0,), dtype=torch.float32)
     states = q.new_empty((B, H, NT, K, V), dtype=torch.float32)
+    rows = q.new_empty((B, H, NT * chunk), dtype=torch.float32)
+    gates = (rows, torch.empty_like(rows), q.new_empty((B, H, NT * chunk, chunk), dtype=torch.float32),
+             q.new_empty((B, H, NT, 3), dtype=torch.float32), torch.empty_like(rows),
+             torch.empty_like(rows))
     return (v.new_empty(v.shape), state, torch.empty_like(state), states, torch.empty_like(states),
-            q.new_empty((B, H, NT * chunk), dtype=torch.float32))
+            torch.empty_like(rows), *gates)
 
 
 @torch.library.custom_op("ltm::titans_memory_bwd", mutates_args=())
 def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor,
                 alpha: torch.Tensor, eta: torch.Tensor, w_states: torch.Tensor,
-                s_states: torch.Tensor, g: torch.Tensor, do: torch.Tensor, dwt: torch.Tensor,
-                dst: torch.Tensor, chunk: int, clip: float
+                s_states: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                gamma: torch.Tensor, ends: torch.Tensor, w_last: torch.Tensor,
+                p_last: torch.Tensor, do: torch.Tensor, dwt: torch.Tensor, dst: torch.Tensor,
+                chunk: int, clip: float
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                            torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of q, k, v, theta, alpha, eta, w0 and s0 (see chunk_bwd.py)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], cdiv(T, chunk)
     f32, dev = torch.float32, q.device
-    gates = triton_chunk_gates(alpha, eta, chunk)  # recomputed: [B, H, T, BT] at most
-    a, b, gamma, ends, w_last, p_last = gates
+    gates = (a, b, gamma, ends, w_last, p_last)
     da, db, dgamma, dends, dw_last, dp_last = (torch.empty_like(x) for x in gates)
     dq, dk, dv = (x.new_empty(x.shape) for x in (q, k, v))
     dtheta = torch.empty((B, T, H), dtype=f32, device=dev)
@@ -112,7 +123,8 @@ def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
 
 
 @_titans_bwd.register_fake
-def _(q, k, v, theta, alpha, eta, w_states, s_states, g, do, dwt, dst, chunk, clip):
+def _(q, k, v, theta, alpha, eta, w_states, s_states, g, a, b, gamma, ends, w_last, p_last, do,
+      dwt, dst, chunk, clip):
     B, T, H, K = q.shape
     state = q.new_empty((B, H, K, v.shape[-1]), dtype=torch.float32)
     return (*(x.new_empty(x.shape) for x in (q, k, v, theta, alpha, eta)), state,
@@ -126,7 +138,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, do, dwt, dst, *_):
-    q, k, v, theta, alpha, eta, w_states, s_states, g = ctx.saved_tensors
+    q, k, v, theta, alpha, eta, *states_and_gates = ctx.saved_tensors
     chunk, clip, final = ctx.options
     if not final or (dwt is None and dst is None):
         dwt = dst = q.new_empty(0, dtype=torch.float32)
@@ -134,8 +146,7 @@ def _backward(ctx, do, dwt, dst, *_):
         zeros = torch.zeros((q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]),
                             dtype=torch.float32, device=q.device)
         dwt, dst = (zeros if x is None else x for x in (dwt, dst))
-    grads = _titans_bwd(q, k, v, theta, alpha, eta, w_states, s_states, g, do, dwt, dst, chunk,
-                        clip)
+    grads = _titans_bwd(q, k, v, theta, alpha, eta, *states_and_gates, do, dwt, dst, chunk, clip)
     return (*grads, None, None, None)
 
 
