@@ -153,9 +153,8 @@ def titans_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     w0, s0 = torch.randn(B, H, K, V), torch.randn(B, H, K, V)
 
     def launch():
-        o, wt, st, w_states, s_states, g = titans_chunk._titans_fwd(
-            q, k, v, *gates, w0, s0, chunk, 1.0, True)
-        titans_chunk._titans_bwd(q, k, v, *gates, w_states, s_states, g, torch.randn_like(o),
+        o, wt, st, *saved = titans_chunk._titans_fwd(q, k, v, *gates, w0, s0, chunk, 1.0, True)
+        titans_chunk._titans_bwd(q, k, v, *gates, *saved, torch.randn_like(o),
                                  torch.randn_like(wt), torch.randn_like(st), chunk, 1.0)
     return record_launches(launch)
 
