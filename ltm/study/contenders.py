@@ -207,26 +207,63 @@ def _with_lr(cfg: StudyConfig, lr: float) -> StudyConfig:
 
 def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = True,
                      say=print) -> list[Contenders]:
-    """For each training seed (seed_configs): the latent model, the parameter-matched plain
-    model, the shared-latents model (all for cfg.steps batches) and the plain model at the latent
-    model's training FLOPs, each trained and scored in one job, side by side on a CPU
-    (study.workers processes). Two rounds: the first seed's latent model at every step size of
-    cfg.inner_lrs (the pilots) beside the controls of every seed; then the chosen pilot's curves
-    and the other seeds' latent models at its step size (`choose_inner_lr`)."""
-    plan, device = plan_contenders(source, cfg), source.val_x.device
+    """`train_sources` for one source."""
+    return train_sources([source], cfg, progress, say)[0]
+
+
+def train_sources(sources: list[StudySource], cfg: StudyConfig, progress: bool = True,
+                  say=print) -> list[list[Contenders]]:
+    """For each source and training seed (seed_configs): the latent model, the
+    parameter-matched plain model, the shared-latents model (all for cfg.steps batches) and the
+    plain model at the latent model's training FLOPs, each trained and scored in one job, side by
+    side on a CPU (study.workers processes). Two rounds, each with every source's jobs in one
+    pool (a round of one source left a worker idle at its end): the first seed's latent model at
+    every step size of cfg.inner_lrs (the pilots) beside the controls of every seed; then the
+    chosen pilot's curves and the other seeds' latent models at its step size
+    (`choose_inner_lr`). Returns each source's Contenders per seed."""
+    plans = [plan_contenders(source, cfg) for source in sources]
     seeds = seed_configs(cfg)
     single = len(cfg.inner_lrs) == 1  # no choice: the pilot is the first seed's model, curves too
-    pilots = [("latent", plan, source, _with_lr(seeds[0], lr), progress, single)
-              for lr in cfg.inner_lrs]
-    controls = [(name, plan, source, seeded, progress, False)
-                for seeded in seeds for name in plan.names if name != "latent"]
-    first = _run(pilots + controls, source, plan, cfg, say)
-    best, inner_lr = choose_inner_lr(cfg.inner_lrs, first[:len(pilots)])
-    chosen = [_with_lr(seeded, inner_lr["chosen"]) for seeded in seeds]
-    curves = [] if single else [("curves", first[best][0], plan, source, chosen[0])]
-    second = _run(curves + [("latent", plan, source, seeded, progress, False)
-                            for seeded in chosen[1:]], source, plan, cfg, say)
-    if curves:
+    pilots = [[("latent", plan, source, _with_lr(seeds[0], lr), progress, single)
+               for lr in cfg.inner_lrs] for plan, source in zip(plans, sources)]
+    controls = [[(name, plan, source, seeded, progress, False)
+                 for seeded in seeds for name in plan.names if name != "latent"]
+                for plan, source in zip(plans, sources)]
+    # longest first: every source's pilots, then the controls
+    device = sources[0].val_x.device  # every source on the study's device (run.on_device)
+    first = _per_source(_run([j for js in pilots + controls for j in js], device, cfg, say),
+                        [len(js) for js in pilots + controls])
+    first = [p + c for p, c in zip(first[:len(sources)], first[len(sources):])]
+    chosen, second_jobs = [], []
+    for plan, source, results in zip(plans, sources, first):
+        best, inner_lr = choose_inner_lr(cfg.inner_lrs, results[:len(cfg.inner_lrs)])
+        seeded = [_with_lr(s, inner_lr["chosen"]) for s in seeds]
+        chosen.append((best, inner_lr, seeded))
+        curves = [] if single else [("curves", results[best][0], plan, source, seeded[0])]
+        second_jobs.append(curves + [("latent", plan, source, s, progress, False)
+                                     for s in seeded[1:]])
+    second = _per_source(_run([j for js in second_jobs for j in js], device, cfg, say),
+                         [len(js) for js in second_jobs])
+    return [_source_runs(plan, source, cfg, results, later, *picked, single, say)
+            for plan, source, results, later, picked in zip(plans, sources, first, second, chosen)]
+
+
+def _per_source(results: list, lengths: list[int]) -> list[list]:
+    """One pool's results cut back into each source's (its jobs were consecutive)."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(results[start:start + n])
+        start += n
+    return out
+
+
+def _source_runs(plan: Plan, source: StudySource, cfg: StudyConfig, first: list, second: list,
+                 best: int, inner_lr: dict, chosen: list[StudyConfig], single: bool,
+                 say) -> list[Contenders]:
+    """One source's Contenders per seed from its jobs' results: `first` its pilots then its
+    controls, `second` the chosen pilot's curves (unless `single`) then the other seeds' latent
+    models."""
+    if not single:
         first[best][3].curves, first[best][3].bounds = second.pop(0)
         say(f"study {source.name}: inner step size {inner_lr['chosen']} of {cfg.inner_lrs}")
     notes = [] if "plain_equal_flops" in plan.names else [
@@ -234,12 +271,13 @@ def train_contenders(source: StudySource, cfg: StudyConfig, progress: bool = Tru
         f"over study.max_equal_flops_steps {cfg.max_equal_flops_steps}"]
     for note in notes:
         say(note)
-    others, latents = iter(first[len(pilots):]), iter([first[best]] + second)
+    n_pilots = len(cfg.inner_lrs)
+    others, latents = iter(first[n_pilots:]), iter([first[best]] + second)
     runs = []
     for seeded in chosen:
         results = [next(latents) if name == "latent" else next(others) for name in plan.names]
-        runs.append(dataclasses.replace(_assembled(plan, seeded, device, results, notes),
-                                        inner_lr=inner_lr))
+        runs.append(dataclasses.replace(_assembled(plan, seeded, source.val_x.device, results,
+                                                   notes), inner_lr=inner_lr))
     return runs
 
 
@@ -261,16 +299,17 @@ def _job(kind: str, *args):
     return latent_curves(*args) if kind == "curves" else train_contender(kind, *args)
 
 
-def _run(jobs: list[tuple], source: StudySource, plan: Plan, cfg: StudyConfig, say) -> list:
-    """The jobs (_job's arguments) on study.workers processes (a GPU run stays in this
-    process), saying each training job's steps, seconds and loss as it finishes."""
-    workers = cpu_workers(cfg.workers, len(jobs), source.val_x.device)
+def _run(jobs: list[tuple], device: torch.device, cfg: StudyConfig, say) -> list:
+    """The jobs (_job's arguments; each names its plan and source) on study.workers processes (a
+    GPU run stays in this process), saying each training job's steps, seconds and loss as it
+    finishes."""
+    workers = cpu_workers(cfg.workers, len(jobs), device)
 
     def report(index: int, result: tuple) -> None:
         name = jobs[index][0]
         if name == "curves":
             return
-        seeded = jobs[index][3]
+        _, plan, source, seeded = jobs[index][:4]
         lr = f", inner lr {seeded.inner_lrs[0]}" if name == "latent" else ""
         say(f"study {source.name}: {LABELS[name]} (seed {seeded.seed}{lr}): {plan.steps[name]} "
             f"steps and scoring in {result[2]:.0f} s, training loss {result[1]:.3f}")

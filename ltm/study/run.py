@@ -16,7 +16,7 @@ import torch
 from ltm.data.cache import DataConfig, read_meta
 from ltm.device import device_name, resolve_device
 from ltm.params import load_section
-from ltm.study.contenders import train_contenders
+from ltm.study.contenders import Contenders, train_sources
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import StudySource, corpus_source, receptive_field, synthetic_source
 from ltm.study.verdict import mean_se, mean_se_over_seeds, paired, paired_over_seeds, verdict
@@ -61,12 +61,10 @@ def on_device(source: StudySource, device: torch.device) -> StudySource:
     return dataclasses.replace(source, val_x=source.val_x.to(device), val_y=source.val_y.to(device))
 
 
-def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, say=print) -> dict:
-    """Everything the study says about one source (on the device of its val_x): the scores and
-    gains over every training seed; the curves and the published bounds of the first seed's
-    latent model."""
-    start = time.perf_counter()
-    runs = train_contenders(source, cfg, progress, say)
+def source_metrics(source: StudySource, runs: list[Contenders], cfg: StudyConfig) -> dict:
+    """Everything the study says about one source from its trained contenders (one per training
+    seed): the scores and gains over every seed; the curves and the published bounds of the
+    first seed's latent model."""
     scores = {k: np.stack([c.scores[k] for c in runs]) for k in runs[0].scores}  # (S, N) each
     first = runs[0]
     out = {"sequences": len(source.val_x), "seeds": len(runs), "receptive_field": receptive_field(cfg),
@@ -90,7 +88,6 @@ def study_source(source: StudySource, cfg: StudyConfig, progress: bool = True, s
         first.bounds, min(cfg.curve_sequences, len(source.val_x)), cfg, mean_se(scores["latent"][0]))
     out["verdict"] = verdict(source.name, out["gain_over"], CONTROLS)
     out["notes"] = first.notes
-    out["seconds"] = time.perf_counter() - start
     return out
 
 
@@ -105,8 +102,12 @@ def run_study(cfg: StudyConfig, data: DataConfig, vocab_size: int, metrics_path:
         torch.backends.cuda.matmul.allow_tf32 = device.type == "cuda"
         builders = {"testbed": lambda: synthetic_source(data, cfg),
                     "corpus": lambda: corpus_source(data.cache_dir, vocab_size, cfg)}
-        metrics["sources"] = {name: study_source(on_device(builders[name](), device), cfg, progress, say)
-                              for name in cfg.sources}
+        sources = [on_device(builders[name](), device) for name in cfg.sources]
+        start = time.perf_counter()
+        trained = train_sources(sources, cfg, progress, say)  # every source's jobs in one pool
+        metrics["sources"] = {source.name: source_metrics(source, runs, cfg)
+                              for source, runs in zip(sources, trained)}
+        metrics["seconds"] = time.perf_counter() - start
         metrics["verdict"] = [line for s in metrics["sources"].values() for line in s["verdict"]]
     path = Path(metrics_path)
     path.parent.mkdir(parents=True, exist_ok=True)

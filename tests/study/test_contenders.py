@@ -11,7 +11,7 @@ from ltm.latent.encoder import attach_encoder
 from ltm.model.lm import LTM
 from ltm.study.contenders import (SharedLatents, choose_inner_lr, decoder_config, latent_config,
                                   matched_d_ff, non_embedding_params, plan_contenders,
-                                  train_contenders, train_model)
+                                  train_contenders, train_model, train_sources)
 from ltm.study.scoring import Scored
 from ltm.study.settings import StudyConfig
 from ltm.study.sources import synthetic_source
@@ -22,8 +22,9 @@ CFG = StudyConfig(d_model=16, n_heads=2, n_latent=2, steps=6, batch_size=4, warm
                   val_sequences=8, inner_steps=1, workers=1, seeds=1, inner_lrs=[0.3])
 
 
-def source():
-    return synthetic_source(DataConfig(source="synthetic", synthetic=SYN, cache_dir="unused"), CFG)
+def source(seed: int = 1337):
+    data = DataConfig(source="synthetic", synthetic=SYN, cache_dir="unused", seed=seed)
+    return synthetic_source(data, CFG)
 
 
 def test_the_plain_model_gets_as_many_parameters_as_the_latent_one_within_one_width_step():
@@ -125,3 +126,23 @@ def test_the_other_seeds_train_at_the_chosen_step_size_and_the_curves_are_the_ch
         "reused_noise", "fresh_noise", "iwae"}
     assert f"latent (seed 1, inner lr {best['lr']})" in [line.split(":")[1].strip() for line in said]
     assert sum(", inner lr" in line for line in said) == 3  # two pilots and seed 1
+
+
+def test_sources_pooled_in_one_round_train_and_score_as_each_alone():
+    """train_sources runs every source's jobs in one pool per round: each source gets back its
+    own contenders, pilots and curves, as if trained alone (distinct sources, so a mix-up shows)."""
+    # two rounds (pilots, then the chosen one's curves), short curves
+    cfg = dataclasses.replace(CFG, inner_lrs=[3.0, 0.001], encoder_curve=[0, 1], cold_curve=[0, 2],
+                              dynamic_lrs=[0.1])
+    sources = [source(1), dataclasses.replace(source(2), name="other")]
+    pooled = train_sources(sources, cfg, progress=False, say=lambda *a: None)
+    assert pooled[0][0].train_loss["plain"] != pooled[1][0].train_loss["plain"]
+    for src, runs in zip(sources, pooled):
+        alone = train_contenders(src, cfg, progress=False, say=lambda *a: None)
+        assert [r.inner_lr for r in runs] == [r.inner_lr for r in alone]
+        untimed = lambda rows: [{k: v for k, v in r.items() if k != "ms_per_sequence"}  # noqa: E731
+                                for r in rows or []]
+        for a, b in zip(alone, runs):
+            assert a.train_loss == b.train_loss and untimed(a.curves) == untimed(b.curves)
+            for name, per_sequence in a.scores.items():
+                np.testing.assert_array_equal(b.scores[name], per_sequence)
