@@ -224,37 +224,33 @@ def train_sources(sources: list[StudySource], cfg: StudyConfig, progress: bool =
     plans = [plan_contenders(source, cfg) for source in sources]
     seeds = seed_configs(cfg)
     single = len(cfg.inner_lrs) == 1  # no choice: the pilot is the first seed's model, curves too
-    pilots = [[("latent", plan, source, _with_lr(seeds[0], lr), progress, single)
-               for lr in cfg.inner_lrs] for plan, source in zip(plans, sources)]
-    controls = [[(name, plan, source, seeded, progress, False)
-                 for seeded in seeds for name in plan.names if name != "latent"]
-                for plan, source in zip(plans, sources)]
-    # longest first: every source's pilots, then the controls
+    # (source index, job), longest first: every source's pilots, then the controls
+    pilots = [(i, ("latent", plan, source, _with_lr(seeds[0], lr), progress, single))
+              for i, (plan, source) in enumerate(zip(plans, sources)) for lr in cfg.inner_lrs]
+    controls = [(i, (name, plan, source, seeded, progress, False))
+                for i, (plan, source) in enumerate(zip(plans, sources))
+                for seeded in seeds for name in plan.names if name != "latent"]
     device = sources[0].val_x.device  # every source on the study's device (run.on_device)
-    first = _per_source(_run([j for js in pilots + controls for j in js], device, cfg, say),
-                        [len(js) for js in pilots + controls])
-    first = [p + c for p, c in zip(first[:len(sources)], first[len(sources):])]
+    first = _pooled(pilots + controls, len(sources), device, cfg, say)
     chosen, second_jobs = [], []
-    for plan, source, results in zip(plans, sources, first):
+    for i, (plan, source, results) in enumerate(zip(plans, sources, first)):
         best, inner_lr = choose_inner_lr(cfg.inner_lrs, results[:len(cfg.inner_lrs)])
         seeded = [_with_lr(s, inner_lr["chosen"]) for s in seeds]
         chosen.append((best, inner_lr, seeded))
-        curves = [] if single else [("curves", results[best][0], plan, source, seeded[0])]
-        second_jobs.append(curves + [("latent", plan, source, s, progress, False)
-                                     for s in seeded[1:]])
-    second = _per_source(_run([j for js in second_jobs for j in js], device, cfg, say),
-                         [len(js) for js in second_jobs])
+        curves = [] if single else [(i, ("curves", results[best][0], plan, source, seeded[0]))]
+        second_jobs += curves + [(i, ("latent", plan, source, s, progress, False))
+                                 for s in seeded[1:]]
+    second = _pooled(second_jobs, len(sources), device, cfg, say)
     return [_source_runs(plan, source, cfg, results, later, *picked, single, say)
             for plan, source, results, later, picked in zip(plans, sources, first, second, chosen)]
 
 
-def _per_source(results: list, lengths: list[int]) -> list[list]:
-    """One pool's results cut back into each source's (its jobs were consecutive)."""
-    out, start = [], 0
-    for n in lengths:
-        out.append(results[start:start + n])
-        start += n
-    return out
+def _pooled(tagged: list[tuple[int, tuple]], n_sources: int, device: torch.device,
+            cfg: StudyConfig, say) -> list[list]:
+    """(source index, job) pairs run in one pool (`_run`); each source's results, in its jobs'
+    order."""
+    results = _run([job for _, job in tagged], device, cfg, say)
+    return [[r for (i, _), r in zip(tagged, results) if i == source] for source in range(n_sources)]
 
 
 def _source_runs(plan: Plan, source: StudySource, cfg: StudyConfig, first: list, second: list,
