@@ -118,7 +118,7 @@ def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
         k, w_last, p_last, w_states, s_states, g, delta, ddelta, dk_local, dk_coef, dws, dss, dk,
         dends, T, NT, **dims)
     dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
-                                                              dp_last))
+                                                              dp_last), gamma)
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta, dw0, ds0)
 
 

@@ -131,7 +131,7 @@ def _deep_bwd(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, alpha: torc
         *dstates, dk, dv, dtheta, dends, dw_last, dp_last, T, NT, clip or 1.0,
         USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
     dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
-                                                              dp_last))
+                                                              dp_last), gamma)
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta,
             *(x[:, :, 0].contiguous() for x in dstates))
 

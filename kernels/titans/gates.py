@@ -21,7 +21,8 @@ gradient times what it multiplied:
     df_t = a~_t a_{t-1} + b~_t b_{t-1} + rowsum(Gamma~_t * Gamma_{t-1}),
     de_t = E~_t E_{t-1} + rowsum(P~_t * P_{t-1}),
 with P~ = P-bar + Gamma~ (carried with e) and E-bar + b~ scanned into E~; its loop up the chunk
-reads P's and Gamma's previous rows back from a buffer its loop down the chunk wrote. No
+reads Gamma's previous rows from the forward's Gamma and makes P's from them by the recurrence
+above read backwards, P_t = Gamma_t - f_t Gamma_{t-1} (a difference, no division). No
 division by a product anywhere: alpha = 1 or eta = 0 (a factor of exactly zero) stays exact.
 One program per chunk, batch and head; every tile is a [BT] float32 vector. Made in PyTorch these were about 60 small launches per op
 call and, at 8 x 2048 x 12 x 64 (chunk 16) on an H100, about 2 of the linear memory's 6.5 ms.
@@ -119,8 +120,8 @@ def _gates_fwd_kernel(alpha, eta, a_out, b_out, gamma_out, ends_out, w_last_out,
 
 
 @triton.jit
-def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalpha, deta, p_rows,
-                      gamma_rows, T, NT, H: tl.constexpr, BT: tl.constexpr):
+def _gates_bwd_kernel(alpha, eta, gamma, da, db, dgamma, dends, dw_last, dp_last, dalpha, deta, T,
+                      NT, H: tl.constexpr, BT: tl.constexpr):
     c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     r = tl.arange(0, BT)
@@ -143,16 +144,6 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
     b_total = _recur(f_next, tl.load(db + base + r) + tl.where(last, tl.load(dends + ends + 1), 0.0),
                      True)
     e_total = _recur(e_next, tl.where(last, tl.load(dends + ends + 2), 0.0) + b_total, True)
-    # P's and Gamma's rows down the chunk, as the forward makes them, kept for the pass up it
-    P_row = tl.zeros([BT], dtype=tl.float32)
-    gamma_row = tl.zeros([BT], dtype=tl.float32)
-    for i in range(BT):
-        f_i, e_i = _gate_factors(alpha, eta, i_b, i_h, c * BT + i, c * BT + i < T, T, H)
-        P_row = e_i * P_row + tl.where(r == i, 1.0, 0.0)
-        gamma_row = f_i * gamma_row + P_row
-        tl.store(p_rows + (base + i) * BT + r, P_row)
-        tl.store(gamma_rows + (base + i) * BT + r, gamma_row)
-    tl.debug_barrier()  # every row is stored before any thread reads one back
     # up the chunk: Gamma's and P's gradient totals row by row, each met with the row before it
     dw = tl.load(dw_last + base + r)
     dp = tl.load(dp_last + base + r)
@@ -167,9 +158,14 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
         gamma_total = (tl.load(dgamma + (base + i) * BT + r) + tl.where(i == L, dw, 0.0)
                        + f_n * gamma_total)
         p_total = tl.where(i == L, dp, 0.0) + gamma_total + e_n * p_total
-        before = r * 0 + i >= 1
-        gamma_before = tl.load(gamma_rows + (base + i - 1) * BT + r, mask=before, other=0.0)
-        P_before = tl.load(p_rows + (base + i - 1) * BT + r, mask=before, other=0.0)
+        # Gamma's rows i - 1 and i - 2 (0 before the chunk) as the forward stored them; P's row
+        # i - 1 from them
+        before, two_before = r * 0 + i >= 1, r * 0 + i >= 2
+        gamma_before = tl.load(gamma + (base + i - 1) * BT + r, mask=before, other=0.0)
+        gamma_two_before = tl.load(gamma + (base + i - 2) * BT + r, mask=two_before, other=0.0)
+        prv = c * BT + i - 1
+        f_p, _ = _gate_factors(alpha, eta, i_b, i_h, prv, (prv >= c * BT) & (prv < T), T, H)
+        P_before = gamma_before - f_p * gamma_two_before
         df_rows = tl.where(r == i, tl.sum(gamma_total * gamma_before, 0), df_rows)
         de_rows = tl.where(r == i, tl.sum(p_total * P_before, 0), de_rows)
     df = a_total * a_prev + b_total * b_prev + df_rows
@@ -181,7 +177,9 @@ def _gates_bwd_kernel(alpha, eta, da, db, dgamma, dends, dw_last, dp_last, dalph
 
 def _warps(chunk: int) -> int:
     # every tile is one [BT] row: one warp holds it (BT / 32 numbers a thread), and the loops'
-    # row sums stay within the warp. Not yet measured against 2 and 4 warps.
+    # row sums stay within the warp. 2 and 4 warps were slower (H100, 8 x 2048 x 12, chunk 32:
+    # forward+backward 84.7 us on 1 warp, 97.3 on 2, 164.4 on 4; records/gpu/titans/
+    # titans-gates-rows-h100-2026-12-06.json)
     return 1
 
 
@@ -201,15 +199,14 @@ def triton_chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int
 
 
 def triton_chunk_gates_bwd(alpha: torch.Tensor, eta: torch.Tensor, chunk: int,
-                           grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+                           grads: tuple[torch.Tensor, ...], gamma: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of alpha and eta (their dtype and shape) from those of `chunk_gates`' six
-    outputs (float32, contiguous, its layouts)."""
+    outputs (float32, contiguous, its layouts), given the forward's Gamma
+    (`triton_chunk_gates`' third output)."""
     B, T, H = alpha.shape
     NT = cdiv(T, chunk)
     dalpha, deta = torch.empty_like(alpha), torch.empty_like(eta)
-    # P's and Gamma's rows, written and read back by the same program
-    p_rows, gamma_rows = (torch.empty((B, H, NT * chunk, chunk), dtype=torch.float32,
-                                      device=alpha.device) for _ in range(2))
-    _gates_bwd_kernel[(NT, B * H)](alpha, eta, *grads, dalpha, deta, p_rows, gamma_rows, T, NT,
-                                   H=H, BT=chunk, num_warps=_warps(chunk))
+    _gates_bwd_kernel[(NT, B * H)](alpha, eta, gamma, *grads, dalpha, deta, T, NT, H=H, BT=chunk,
+                                   num_warps=_warps(chunk))
     return dalpha, deta

@@ -49,7 +49,8 @@ def test_gate_gradients_match_autograd(case):
     grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEVICE) for o in outs]
     want_alpha, want_eta = vjp(tuple(grads))
     got_alpha, got_eta = triton_chunk_gates_bwd(alpha, eta, chunk,
-                                                tuple(g.float().contiguous() for g in grads))
+                                                tuple(g.float().contiguous() for g in grads),
+                                                triton_chunk_gates(alpha, eta, chunk)[2])
     assert got_alpha.dtype == alpha.dtype and got_alpha.shape == alpha.shape
     assert rel_err(got_alpha, want_alpha) < 1e-5
     assert rel_err(got_eta, want_eta) < 1e-5
@@ -65,7 +66,8 @@ def test_gradient_through_a_zero_factor():
                                eta.double())
     grads = tuple(torch.ones_like(o) for o in outs)
     want_alpha, _ = vjp(grads)
-    got_alpha, _ = triton_chunk_gates_bwd(alpha, eta, chunk, tuple(g.float() for g in grads))
+    got_alpha, _ = triton_chunk_gates_bwd(alpha, eta, chunk, tuple(g.float() for g in grads),
+                                          triton_chunk_gates(alpha, eta, chunk)[2])
     assert want_alpha[0, 5, 0] != 0  # the case exercises a nonzero gradient there
     assert torch.isfinite(got_alpha).all()
     assert rel_err(got_alpha, want_alpha) < 1e-5
