@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ltm.kernels.common import cdiv
-from ltm.ops.titans.chunk import transfer
+from ltm.ops.titans.chunk import gate_products
 
 
 def chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> tuple[torch.Tensor, ...]:
@@ -51,10 +51,7 @@ def chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> tuple[tor
     f = F.pad((1 - alpha.to(dtype)).transpose(1, 2), (0, NT * chunk - T), value=1.0)
     e = F.pad(eta.to(dtype).transpose(1, 2), (0, NT * chunk - T), value=1.0)
     f, e = f.view(B, H, NT, chunk), e.view(B, H, NT, chunk)
-    a, E = f.cumprod(-1), e.cumprod(-1)
-    D, P = transfer(f), transfer(e)  # (B, H, NT, BT, BT)
-    b = (D @ E[..., None])[..., 0]
-    gamma = D @ P
+    a, E, b, P, gamma = gate_products(f, e)  # P, Gamma: (B, H, NT, BT, BT)
     chunks = torch.arange(NT, device=alpha.device)
     last = (T - 1 - chunks * chunk).clamp(max=chunk - 1)  # each chunk's last token
     ends = torch.stack([x[:, :, chunks, last] for x in (a, b, E)], -1)

@@ -38,29 +38,56 @@ def transfer(x: torch.Tensor) -> torch.Tensor:
     return factors.cumprod(-2) * below.logical_or(torch.eye(n, dtype=torch.bool, device=x.device))
 
 
-def _chunk(q, k, v, theta, alpha, eta, W, S, W_grad, grad_clip):
-    """One chunk: q, k, v [B, H, n, D]; theta, alpha, eta [B, H, n]; W, S (the state entering
-    the chunk) and W_grad (where the gradients are taken) per layer [B, H, d_in, d_out].
-    Returns the reads [B, H, n, V] and the weights and momenta after the chunk's last token."""
-    xs, deltas, clip = memory_grads(W_grad, k, v, grad_clip)
-    g = theta * clip  # [B, H, n]
-    f, e = 1 - alpha, eta
+def gate_products(f: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """f = 1 - alpha, e = eta [..., n] (a chunk's tokens) -> a, E, b [..., n] and P, Gamma
+    [..., n, n] (see the module docstring). Any leading dims: all chunks of a sequence at once."""
     a, E = f.cumprod(-1), e.cumprod(-1)
     D, P = transfer(f), transfer(e)
     b = (D @ E[..., None])[..., 0]
-    gamma = D @ P  # [B, H, n, n]
+    return a, E, b, P, D @ P
+
+
+def _padded(x: torch.Tensor, chunk: int, value: float = 0.0) -> torch.Tensor:
+    """[B, H, T, ...] -> [B, H, NC, chunk, ...], the last chunk padded with `value`."""
+    pad = -x.shape[2] % chunk
+    return F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad), value=value).unflatten(2, (-1, chunk))
+
+
+def _chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> list[tuple]:
+    """Per chunk of alpha, eta [B, H, T]: a, b [B, H, chunk], Gamma [B, H, chunk, chunk] and, at
+    the chunk's last token L, (a_L, b_L, E_L) [B, H, 3] and the rows Gamma_L and P_L [B, H, chunk]
+    (see the module docstring), made for all chunks at once. The last chunk is padded with tokens
+    that forget nothing and keep all momentum: a token's products read no later token, and L is
+    its last real token."""
+    T = alpha.shape[-1]
+    f, e = _padded(1 - alpha, chunk, 1.0), _padded(eta, chunk, 1.0)  # [B, H, NC, chunk]
+    a, E, b, P, gamma = gate_products(f, e)
+    chunks = torch.arange(f.shape[2], device=f.device)
+    last = (T - 1 - chunks * chunk).clamp(max=chunk - 1)
+    ends = torch.stack([x[:, :, chunks, last] for x in (a, b, E)], -1)  # [B, H, NC, 3]
+    gamma_last, p_last = gamma[:, :, chunks, last], P[:, :, chunks, last]  # [B, H, NC, chunk]
+    return list(zip(*(x.unbind(2) for x in (a, b, gamma, ends, gamma_last, p_last))))
+
+
+def _chunk(q, k, v, theta, gates, W, S, W_grad, grad_clip):
+    """One chunk: q, k, v [B, H, n, D]; theta [B, H, n]; gates its `_chunk_gates`; W, S (the
+    state entering the chunk) and W_grad (where the gradients are taken) per layer [B, H, d_in,
+    d_out]. Returns the reads [B, H, n, V] and the weights and momenta after its last token."""
+    xs, deltas, clip = memory_grads(W_grad, k, v, grad_clip)
+    g = theta * clip  # [B, H, n]
+    a, b, gamma, ends, gamma_last, p_last = gates
     gamma_g = gamma * g[..., None, :]
     h = q
     for layer, (x, delta) in enumerate(zip(xs, deltas)):
         z = (a[..., None] * (h @ W[layer]) + b[..., None] * (h @ S[layer])
              - (gamma_g * (h @ x.transpose(-1, -2))) @ delta)
         h = F.silu(z) if layer < len(W) - 1 else z
-    # the state after the last token: row n - 1 of the same sums
-    last_w, last_s = gamma_g[..., -1, :, None], (P[..., -1, :] * g)[..., None]
-    W_new = tuple(a[..., -1, None, None] * w + b[..., -1, None, None] * s
-                  - x.transpose(-1, -2) @ (last_w * d) for w, s, x, d in zip(W, S, xs, deltas))
-    S_new = tuple(E[..., -1, None, None] * s - x.transpose(-1, -2) @ (last_s * d)
-                  for s, x, d in zip(S, xs, deltas))
+    # the state after the last token: row L of the same sums
+    a_last, b_last, e_last = (x[..., None, None] for x in ends.unbind(-1))
+    last_w, last_s = (gamma_last * g)[..., None], (p_last * g)[..., None]
+    W_new = tuple(a_last * w + b_last * s - x.transpose(-1, -2) @ (last_w * d)
+                  for w, s, x, d in zip(W, S, xs, deltas))
+    S_new = tuple(e_last * s - x.transpose(-1, -2) @ (last_s * d) for s, x, d in zip(S, xs, deltas))
     return h, W_new, S_new
 
 
@@ -92,22 +119,30 @@ def chunk_titans_memory(
     state = initial_state or init_titans_state(weights, B, dtype)
     W, S, W_grad = (tuple(x.to(dtype) for x in part) for part in state[:3])
     q, k, v, theta, alpha, eta = (x.to(dtype).transpose(1, 2) for x in (q, k, v, theta, alpha, eta))
-    outputs, start = [], 0
+    outputs = []
     # float32 (float64) throughout, autocast or not: under bf16 autocast the matmuls would round
     # the memory's weights and momenta to bf16 at every chunk
     with torch.autocast(q.device.type, enabled=False):
-        while start < T:
-            # chunks are counted from position 0 of the sequence, also after a prefill
-            offset = (state.pos + start) % chunk_size
-            end = min(T, start + chunk_size - offset)
-            if offset == 0:
-                W_grad = W
-            part = slice(start, end)
-            o, W, S = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], theta[:, :, part],
-                             alpha[:, :, part], eta[:, :, part], W, S, W_grad, grad_clip)
-            outputs.append(o)
-            start = end
-    o = torch.cat(outputs, dim=2).transpose(1, 2).to(out_dtype)
+        # chunks are counted from position 0 of the sequence, also after a prefill: a state that
+        # entered mid-chunk first finishes its chunk (the head), as a chunk of its own length
+        head = min(T, -state.pos % chunk_size)
+        parts = [(0, head, head)] if head else []
+        parts += [(head, T, chunk_size)] if head < T else []
+        for start, end, chunk in parts:
+            # one unbind per input, not a slice per chunk: the backward of an unbind is one stack,
+            # that of each slice a zero-filled tensor the size of the whole (the small models on
+            # a CPU are bound by such launches)
+            part = (x[:, :, start:end] if end - start < T else x for x in (q, k, v, theta, alpha, eta))
+            *inputs, alpha_part, eta_part = part
+            gates = _chunk_gates(alpha_part, eta_part, chunk)
+            for *chunk_inputs, chunk_gates in zip(*(_padded(x, chunk).unbind(2) for x in inputs),
+                                                  gates):
+                if start == head:
+                    W_grad = W  # a chunk's gradients are taken at the weights it starts with
+                o, W, S = _chunk(*chunk_inputs, chunk_gates, W, S, W_grad, grad_clip)
+                outputs.append(o)
+    # the last chunk's padded rows go
+    o = torch.cat(outputs, dim=2)[:, :, :T].transpose(1, 2).to(out_dtype)
     if not output_final_state:
         return o, None
     pos = state.pos + T
