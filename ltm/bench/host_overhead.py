@@ -91,6 +91,7 @@ def launch_options(segments: int, fill: int, fused: str, overlap: str) -> dict:
 
 def ours_with(options: dict) -> Callable[[dict], torch.Tensor]:
     """Our delta rule (plain or gated, as the inputs hold g) with these launch options."""
+    # imported on first use, as everywhere: Triton loads only when a call asks for it
     from ltm.kernels.delta_rule import triton_chunk_delta_rule
     return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"), **options)[0]
 
