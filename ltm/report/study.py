@@ -1,6 +1,6 @@
 """The latent study's tables and figure (ltm.study): the verdict lines, one table per source of
 suffix NLL and gains with standard errors, and the bound by inference steps per start of q.
-Shown by the train notebook and the report's first screen (ltm.report.page.study_section)."""
+Shown by the train notebook and the report's first screen (ltm.report.study_sections.study_section)."""
 from __future__ import annotations
 
 import pandas as pd

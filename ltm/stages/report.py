@@ -20,8 +20,8 @@ from ltm.report.titans_records import titans_gpu_section
 from ltm.report.gpu import Section, gpu_ablate_section, gpu_section, gpu_time_to_target_section
 from ltm.report.page import (ablate_section, benchmark_section, data_section, environment,
                              kernel_history_section, latent_section, prior_section,
-                             recorded_study_section, samples_section, settings_section,
-                             study_section, summary_section, train_section)
+                             samples_section, settings_section, summary_section, train_section)
+from ltm.report.study_sections import recorded_study_section, study_section
 
 
 @dataclass

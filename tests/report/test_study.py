@@ -41,7 +41,7 @@ def test_the_verdict_and_figure_or_why_there_are_none():
 
 def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
     import json
-    from ltm.report.page import study_section
+    from ltm.report.study_sections import study_section
     assert "no study.json" in study_section(tmp_path).note
     (tmp_path / "study.json").write_text(json.dumps(STUDY))
     section = study_section(tmp_path)
@@ -52,7 +52,7 @@ def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
 
 def test_a_recorded_gpu_study_is_a_folded_section_of_its_own(tmp_path):
     import json
-    from ltm.report.page import recorded_study_section, study_section
+    from ltm.report.study_sections import recorded_study_section, study_section
     records = tmp_path / "records"
     records.mkdir()
     assert "No GPU study records" in recorded_study_section(records).note
