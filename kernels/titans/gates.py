@@ -30,12 +30,11 @@ call and, at 8 x 2048 x 12 x 64 (chunk 16) on an H100, about 2 of the linear mem
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ltm.kernels.common import cdiv
-from ltm.ops.titans.chunk import gate_products
+from ltm.ops.titans.chunk import chunk_gate_products
 
 
 def chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> tuple[torch.Tensor, ...]:
@@ -45,17 +44,9 @@ def chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> tuple[tor
     E at the chunk's last token) [B, H, NT, 3]; Gamma's and P's rows at that token
     [B, H, NT * BT]."""
     B, T, H = alpha.shape
-    NT = cdiv(T, chunk)
     dtype = torch.promote_types(alpha.dtype, torch.float32)  # float64 stays (the tests' reference)
-    # pads forget nothing and keep all momentum; their rows are never read
-    f = F.pad((1 - alpha.to(dtype)).transpose(1, 2), (0, NT * chunk - T), value=1.0)
-    e = F.pad(eta.to(dtype).transpose(1, 2), (0, NT * chunk - T), value=1.0)
-    f, e = f.view(B, H, NT, chunk), e.view(B, H, NT, chunk)
-    a, E, b, P, gamma = gate_products(f, e)  # P, Gamma: (B, H, NT, BT, BT)
-    chunks = torch.arange(NT, device=alpha.device)
-    last = (T - 1 - chunks * chunk).clamp(max=chunk - 1)  # each chunk's last token
-    ends = torch.stack([x[:, :, chunks, last] for x in (a, b, E)], -1)
-    w_last, p_last = gamma[:, :, chunks, last], P[:, :, chunks, last]  # (B, H, NT, BT)
+    a, b, gamma, ends, w_last, p_last = chunk_gate_products(
+        alpha.to(dtype).transpose(1, 2), eta.to(dtype).transpose(1, 2), chunk)
     return (a.reshape(B, H, -1), b.reshape(B, H, -1), gamma.reshape(B, H, -1, chunk),
             ends.contiguous(), w_last.reshape(B, H, -1), p_last.reshape(B, H, -1))
 

@@ -53,24 +53,24 @@ def _padded(x: torch.Tensor, chunk: int, value: float = 0.0) -> torch.Tensor:
     return F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad), value=value).unflatten(2, (-1, chunk))
 
 
-def _chunk_gates(alpha: torch.Tensor, eta: torch.Tensor, chunk: int) -> list[tuple]:
-    """Per chunk of alpha, eta [B, H, T]: a, b [B, H, chunk], Gamma [B, H, chunk, chunk] and, at
-    the chunk's last token L, (a_L, b_L, E_L) [B, H, 3] and the rows Gamma_L and P_L [B, H, chunk]
-    (see the module docstring), made for all chunks at once. The last chunk is padded with tokens
-    that forget nothing and keep all momentum: a token's products read no later token, and L is
-    its last real token."""
+def chunk_gate_products(alpha: torch.Tensor, eta: torch.Tensor, chunk: int
+                        ) -> tuple[torch.Tensor, ...]:
+    """Per chunk of alpha, eta [B, H, T], all chunks at once: a, b [B, H, NC, chunk], Gamma
+    [B, H, NC, chunk, chunk] and, at each chunk's last token L, (a_L, b_L, E_L) [B, H, NC, 3] and
+    the rows Gamma_L and P_L [B, H, NC, chunk] (see the module docstring). The last chunk is
+    padded with tokens that forget nothing and keep all momentum: a token's products read no
+    later token, and L is its last real token."""
     T = alpha.shape[-1]
     f, e = _padded(1 - alpha, chunk, 1.0), _padded(eta, chunk, 1.0)  # [B, H, NC, chunk]
     a, E, b, P, gamma = gate_products(f, e)
     chunks = torch.arange(f.shape[2], device=f.device)
     last = (T - 1 - chunks * chunk).clamp(max=chunk - 1)
-    ends = torch.stack([x[:, :, chunks, last] for x in (a, b, E)], -1)  # [B, H, NC, 3]
-    gamma_last, p_last = gamma[:, :, chunks, last], P[:, :, chunks, last]  # [B, H, NC, chunk]
-    return list(zip(*(x.unbind(2) for x in (a, b, gamma, ends, gamma_last, p_last))))
+    ends = torch.stack([x[:, :, chunks, last] for x in (a, b, E)], -1)
+    return a, b, gamma, ends, gamma[:, :, chunks, last], P[:, :, chunks, last]
 
 
 def _chunk(q, k, v, theta, gates, W, S, W_grad, grad_clip):
-    """One chunk: q, k, v [B, H, n, D]; theta [B, H, n]; gates its `_chunk_gates`; W, S (the
+    """One chunk: q, k, v [B, H, n, D]; theta [B, H, n]; gates its `chunk_gate_products`; W, S (the
     state entering the chunk) and W_grad (where the gradients are taken) per layer [B, H, d_in,
     d_out]. Returns the reads [B, H, n, V] and the weights and momenta after its last token."""
     xs, deltas, clip = memory_grads(W_grad, k, v, grad_clip)
@@ -134,7 +134,8 @@ def chunk_titans_memory(
             # a CPU are bound by such launches)
             part = (x[:, :, start:end] if end - start < T else x for x in (q, k, v, theta, alpha, eta))
             *inputs, alpha_part, eta_part = part
-            gates = _chunk_gates(alpha_part, eta_part, chunk)
+            gates = list(zip(*(x.unbind(2) for x in chunk_gate_products(alpha_part, eta_part,
+                                                                          chunk))))
             for *chunk_inputs, chunk_gates in zip(*(_padded(x, chunk).unbind(2) for x in inputs),
                                                   gates):
                 if start == head:
