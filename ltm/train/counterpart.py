@@ -10,14 +10,21 @@ step's forward and backward to the activations, no weight gradients: flops_per_t
 2 FLOPs per weight (see inner_flops_per_token), an estimate.
 
 Each model has its own checkpoint folder, resumable like the main one: the main model in
-checkpoint_dir, the counterparts in subfolders (SUBFOLDERS).
+checkpoint_dir, the counterparts in subfolders (SUBFOLDERS). On a CPU the models train at once, a
+process each (train.counterpart.workers): small models use a second core poorly within one
+process, and none of the three reads another's weights (the equal-FLOPs model's steps follow from
+the planned tokens).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
+import os
 import shutil
 from pathlib import Path
+
 import torch
 
 from ltm.latent.posterior import LatentConfig
@@ -26,6 +33,7 @@ from ltm.train.settings import CounterpartConfig, TrainConfig, TrainResult
 from ltm.model.lm import LTM
 from ltm.train.trainer import run_training
 from ltm.data.batches import with_vocab
+from ltm.workers import cpu_workers, run_jobs
 
 # checkpoint subfolders of checkpoint_dir, and the names of the models in the comparison
 LATENT, PLAIN, PLAIN_FLOPS = "latent", "plain", "plain-equal-flops"
@@ -109,29 +117,26 @@ def _latent_summary(name: str, result: TrainResult, configured_steps: int,
     return {"model": name, "note": note, **{k: m[k] for k in keys if k in m}}
 
 
-def _equal_flops_counterpart(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str, out_dir: Path,
-                             progress: bool, say, runs: dict) -> tuple[dict, int | None]:
-    """The plain model trained for the latent model's training FLOPs (added to `runs`), or why not
-    (over train.counterpart.max_equal_flops_steps): its comparison row and its steps (None)."""
-    cp = cfg.counterpart
-    latent_result, latent_flops = runs[LATENT][1], runs[LATENT][2]
-    plain_flops = runs[PLAIN][2]
-    budget = latent_flops * latent_result.metrics["steps"] * latent_result.metrics["tokens_per_step"]
-    steps = math.ceil(budget / (plain_flops * runs[PLAIN][1].metrics["tokens_per_step"]))
-    role = "counterpart: equal FLOPs"
-    if steps > cp.max_equal_flops_steps:
-        why = (f"skipped: over the cap (needs {steps} steps for the latent model's "
-               f"{budget:.3g} training FLOPs; train.counterpart.max_equal_flops_steps is "
-               f"{cp.max_equal_flops_steps})")
-        say(f"plain model at equal training FLOPs {why}")
-        return _skipped(PLAIN_FLOPS, role, why), None
-    plain_train = dataclasses.replace(_normalised(cfg), steps=steps)
-    say(f"counterpart (plain, equal training FLOPs: {steps} steps) in "
-        f"{out_dir / SUBFOLDERS[PLAIN_FLOPS]}")
-    result = run_training(dataclasses.replace(model_cfg, n_latent=0), plain_train, cache_dir,
-                          str(out_dir / SUBFOLDERS[PLAIN_FLOPS]), progress)
-    runs[PLAIN_FLOPS] = (role, result, plain_flops)
-    return _row(PLAIN_FLOPS, role, result, plain_flops), steps
+def equal_flops_steps(latent_flops: float, latent_tokens: int, plain_flops: float,
+                      plain_tokens_per_step: int) -> int:
+    """The first step count at which a plain model of plain_flops per token, plain_tokens_per_step
+    a step, has trained for the latent model's latent_flops * latent_tokens FLOPs."""
+    return math.ceil(latent_flops * latent_tokens / (plain_flops * plain_tokens_per_step))
+
+
+def planned_tokens(cfg: TrainConfig) -> int | None:
+    """Tokens a run of cfg trains on one process, known before it runs; None when the batch size
+    is found on the device (batch_size auto)."""
+    if cfg.batch_size == "auto":
+        return None
+    return cfg.steps * cfg.batch_size * cfg.seq_len * cfg.grad_accum
+
+
+def _over_cap(steps: int, budget: float, cap: int) -> str | None:
+    if steps <= cap:
+        return None
+    return (f"skipped: over the cap (needs {steps} steps for the latent model's {budget:.3g} "
+            f"training FLOPs; train.counterpart.max_equal_flops_steps is {cap})")
 
 
 def remove_stale_counterparts(out_dir: Path, used: set[str], say=print) -> list[Path]:
@@ -150,61 +155,175 @@ def remove_stale_counterparts(out_dir: Path, used: set[str], say=print) -> list[
     return removed
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One model of the comparison: its name and role, what it is trained from, where its
+    checkpoints go and its training FLOPs per token."""
+
+    name: str
+    role: str
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    folder: Path
+    flops: float
+
+
+def _planned_runs(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
+                  out_dir: Path) -> list[Run]:
+    """The configured model, then its counterpart at equal training tokens."""
+    cp = cfg.counterpart
+    latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
+    resolved = with_vocab(model_cfg, cache_dir, "synthetic" if cfg.data == "synthetic" else "cache")
+    main = Run(LATENT if latent_main else PLAIN, "configured", model_cfg, _normalised(cfg), out_dir,
+               flops_of(resolved, cfg.seq_len, inner_passes(cfg.latent) if latent_main else 0))
+    if latent_main:  # the plain model at equal tokens
+        other = Run(PLAIN, "counterpart: equal tokens", dataclasses.replace(model_cfg, n_latent=0),
+                    _normalised(cfg), out_dir / SUBFOLDERS[PLAIN],
+                    flops_of(dataclasses.replace(resolved, n_latent=0), cfg.seq_len, 0))
+    else:  # the latent model at equal tokens
+        train = _latent_train_cfg(cfg, cp)
+        other = Run(LATENT, "counterpart: equal tokens",
+                    dataclasses.replace(model_cfg, n_latent=cp.n_latent), train,
+                    out_dir / SUBFOLDERS[LATENT],
+                    flops_of(dataclasses.replace(resolved, n_latent=cp.n_latent), cfg.seq_len,
+                             inner_passes(train.latent)))
+    return [main, other]
+
+
+def _equal_flops_run(runs: list[Run], latent_tokens: int, plain_tokens_per_step: int, cap: int,
+                     say) -> Run | str:
+    """The plain model at the latent model's training FLOPs, or why not (over `cap`,
+    train.counterpart.max_equal_flops_steps)."""
+    by_name = {run.name: run for run in runs}
+    latent, plain = by_name[LATENT], by_name[PLAIN]
+    cfg = plain.train_cfg
+    steps = equal_flops_steps(latent.flops, latent_tokens, plain.flops, plain_tokens_per_step)
+    why = _over_cap(steps, latent.flops * latent_tokens, cap)
+    if why is not None:
+        say(f"plain model at equal training FLOPs {why}")
+        return why
+    folder = runs[0].folder / SUBFOLDERS[PLAIN_FLOPS]
+    say(f"counterpart (plain, equal training FLOPs: {steps} steps) in {folder}")
+    return Run(PLAIN_FLOPS, "counterpart: equal FLOPs", plain.model_cfg,
+               dataclasses.replace(cfg, steps=steps), folder, plain.flops)
+
+
+def train_quietly(run: Run, cache_dir: str) -> tuple[TrainResult, str]:
+    """A worker's job: one model trained without a bar. What it prints comes back as text for the
+    parent to say: a worker's own print would bypass the notebook running the stage."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        result = run_training(run.model_cfg, run.train_cfg, cache_dir, str(run.folder), False)
+    return result, text.getvalue()
+
+
+def side_by_side_workers(cfg: TrainConfig) -> int:
+    """Processes training the comparison's models at once: train.counterpart.workers (0 = one per
+    core) on a CPU run of one process whose tokens are known before it trains; else 1, every
+    model in turn here (a GPU, torchrun, batch_size auto)."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda or int(os.environ.get("WORLD_SIZE", "1")) > 1 or planned_tokens(cfg) is None:
+        return 1
+    return cpu_workers(cfg.counterpart.workers, 3, torch.device("cpu"))
+
+
+def _train_side_by_side(runs: list[Run], cfg: TrainConfig, cache_dir: str, workers: int,
+                        say) -> tuple[list[TrainResult], Run | str | None]:
+    """Every model at once on `workers` processes, the equal-FLOPs model's steps reckoned from the
+    planned tokens (those the models train are checked against them)."""
+    tokens = planned_tokens(cfg)
+    flops_run = (_equal_flops_run(runs, tokens, tokens // cfg.steps,
+                                  cfg.counterpart.max_equal_flops_steps, say)
+                 if cfg.counterpart.equal_flops else None)
+    todo = runs + ([flops_run] if isinstance(flops_run, Run) else [])
+    say(f"training {len(todo)} models at once on {workers} processes")
+    # the costliest first (training FLOPs): they start first, the cheapest fills the gap
+    order = sorted(range(len(todo)), key=lambda i: -todo[i].flops * todo[i].train_cfg.steps)
+    done = run_jobs(train_quietly, [(todo[i], cache_dir) for i in order], workers,
+                    lambda _, result: say(result[1].rstrip()) if result[1].strip() else None)
+    results = [result for _, (result, _) in sorted(zip(order, done))]
+    for run, result in zip(todo, results):
+        trained = result.metrics["steps"] * result.metrics["tokens_per_step"]
+        if trained != run.train_cfg.steps * tokens // cfg.steps:
+            raise RuntimeError(f"{run.name} trained {trained} tokens, not the "
+                               f"{run.train_cfg.steps * tokens // cfg.steps} planned")
+    return results, flops_run
+
+
+def _train_in_turn(runs: list[Run], cfg: TrainConfig, cache_dir: str, progress: bool,
+                   say) -> tuple[list[TrainResult], Run | str | None]:
+    """The models one after the other here, the equal-FLOPs model's steps from what the latent
+    model trained."""
+    results = []
+    for run in runs:
+        if run.role != "configured":
+            say(_counterpart_line(run))
+        results.append(run_training(run.model_cfg, run.train_cfg, cache_dir, str(run.folder),
+                                    progress))
+    flops_run = None
+    if cfg.counterpart.equal_flops:
+        by_name = {run.name: result.metrics for run, result in zip(runs, results)}
+        latent, plain = by_name[LATENT], by_name[PLAIN]
+        flops_run = _equal_flops_run(runs, latent["steps"] * latent["tokens_per_step"],
+                                     plain["tokens_per_step"],
+                                     cfg.counterpart.max_equal_flops_steps, say)
+        if isinstance(flops_run, Run):
+            results.append(run_training(flops_run.model_cfg, flops_run.train_cfg, cache_dir,
+                                        str(flops_run.folder), progress))
+    return results, flops_run
+
+
+def _counterpart_line(run: Run) -> str:
+    steps = run.train_cfg.latent.steps
+    return (f"counterpart ({run.name}, equal training tokens) in {run.folder}"
+            + (f": n_latent {run.model_cfg.n_latent}, {steps} inner step{'' if steps == 1 else 's'}"
+               if run.name == LATENT else ""))
+
+
 def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
                             out_dir: str | Path, progress: bool = True,
                             say=print) -> TrainResult:
-    """Train the configured model in out_dir, then (train.counterpart.enabled) its counterpart at
-    equal training tokens and a plain model at equal training FLOPs, each in its subfolder. The
-    result is the configured model's, its metrics extended by `comparison`, `latent_model` and
-    `counterparts` (each counterpart's metrics), and `compared` holds every model's loss curve
-    (history rows with a `model` key)."""
+    """Train the configured model in out_dir, and (train.counterpart.enabled) its counterpart at
+    equal training tokens and a plain model at equal training FLOPs, each in its subfolder: at
+    once on a CPU's cores (side_by_side_workers), else in turn. The result is the configured
+    model's, its metrics extended by `comparison`, `latent_model` and `counterparts` (each
+    counterpart's metrics), and `compared` holds every model's loss curve (history rows with a
+    `model` key)."""
     cp, out_dir = cfg.counterpart, Path(out_dir)
     latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
     used = set() if not cp.enabled else {PLAIN if latent_main else LATENT} | (
         {PLAIN_FLOPS} if cp.equal_flops else set())
     remove_stale_counterparts(out_dir, used, say)
-    main = run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
     if not cp.enabled:
-        return main
-    resolved = with_vocab(model_cfg, cache_dir, "synthetic" if cfg.data == "synthetic" else "cache")
-    runs: dict[str, tuple[str, TrainResult, float]] = {}
-    main_name = LATENT if latent_main else PLAIN
-    main_flops = flops_of(resolved, cfg.seq_len, inner_passes(cfg.latent) if latent_main else 0)
-    runs[main_name] = ("configured", main, main_flops)
+        return run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
+    runs = _planned_runs(model_cfg, cfg, cache_dir, out_dir)
+    workers = side_by_side_workers(cfg)
+    if workers > 1:
+        for run in runs[1:]:
+            say(_counterpart_line(run))
+        results, flops_run = _train_side_by_side(runs, cfg, cache_dir, workers, say)
+    else:
+        results, flops_run = _train_in_turn(runs, cfg, cache_dir, progress, say)
+    return _compared(runs, results, flops_run, cfg)
 
-    if latent_main:  # the plain model at equal tokens
-        other_cfg, other_train = dataclasses.replace(model_cfg, n_latent=0), _normalised(cfg)
-        other_inner = other_passes = 0
-    else:  # the latent model at equal tokens
-        other_cfg = dataclasses.replace(model_cfg, n_latent=cp.n_latent)
-        other_train = _latent_train_cfg(cfg, cp)
-        other_inner = other_train.latent.steps
-        other_passes = inner_passes(other_train.latent)
-    other = LATENT if not latent_main else PLAIN
-    say(f"counterpart ({other}, equal training tokens) in {out_dir / SUBFOLDERS[other]}"
-        + (f": n_latent {cp.n_latent}, {other_inner} inner step{'' if other_inner == 1 else 's'}"
-           if other == LATENT else ""))
-    result = run_training(other_cfg, other_train, cache_dir, str(out_dir / SUBFOLDERS[other]),
-                          progress)
-    runs[other] = ("counterpart: equal tokens", result,
-                   flops_of(dataclasses.replace(resolved, n_latent=other_cfg.n_latent),
-                            cfg.seq_len, other_passes))
 
-    curve_batches = (cfg.latent if latent_main else other_train.latent).eval_batches
-    rows = [_row(name, role, res, flops) for name, (role, res, flops) in runs.items()]
-    extra: dict = {}
-    if cp.equal_flops:
-        row, steps = _equal_flops_counterpart(model_cfg, cfg, cache_dir, out_dir, progress, say, runs)
-        rows.append(row)
-        if steps is not None:
-            extra["equal_flops_steps"] = steps
-
-    compared = [dict(r, model=name) for name, (_, res, _) in runs.items() for r in res.history]
+def _compared(runs: list[Run], results: list[TrainResult], flops_run: Run | str | None,
+              cfg: TrainConfig) -> TrainResult:
+    """The configured model's result with the comparison of every model (see
+    train_with_counterparts)."""
+    trained = list(zip(runs + ([flops_run] if isinstance(flops_run, Run) else []), results))
+    rows = [_row(run.name, run.role, result, run.flops) for run, result in trained]
+    if isinstance(flops_run, str):
+        rows.append(_skipped(PLAIN_FLOPS, "counterpart: equal FLOPs", flops_run))
+    latent = next(i for i, run in enumerate(runs) if run.name == LATENT)
+    main = results[0]
     metrics = dict(main.metrics)
     metrics["comparison"] = rows
-    metrics["latent_model"] = _latent_summary(LATENT, runs[LATENT][1], cfg.latent.steps,
-                                              curve_batches)
-    metrics["counterparts"] = {name: res.metrics for name, (role, res, _) in runs.items()
-                               if role != "configured"}
-    metrics.update(extra)
+    metrics["latent_model"] = _latent_summary(LATENT, results[latent], cfg.latent.steps,
+                                              runs[latent].train_cfg.latent.eval_batches)
+    metrics["counterparts"] = {run.name: result.metrics for run, result in trained
+                               if run.role != "configured"}
+    if isinstance(flops_run, Run):
+        metrics["equal_flops_steps"] = flops_run.train_cfg.steps
+    compared = [dict(r, model=run.name) for run, result in trained for r in result.history]
     return dataclasses.replace(main, metrics=metrics, compared=compared)

@@ -74,6 +74,8 @@ class CounterpartConfig:
     # schedule), when it needs at most max_equal_flops_steps steps
     equal_flops: bool = True
     max_equal_flops_steps: int = 400
+    # models trained at once on a CPU, a process each (0: one per core); GPU: 1, in turn
+    workers: int = 0
 
     def __post_init__(self):
         check(self.n_latent >= 1, "n_latent", f"must be >= 1, got {self.n_latent}")
@@ -81,6 +83,7 @@ class CounterpartConfig:
               f"must be >= 1 or null, got {self.latent_steps}")
         check(self.eval_steps is None or all(s >= 0 for s in self.eval_steps), "eval_steps",
               f"must all be >= 0, got {self.eval_steps}")
+        check(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
         check(self.eval_batches is None or self.eval_batches >= 1, "eval_batches",
               f"must be >= 1 or null, got {self.eval_batches}")
         check(self.max_equal_flops_steps >= 1, "max_equal_flops_steps",

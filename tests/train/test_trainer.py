@@ -535,6 +535,52 @@ def test_a_latent_model_is_compared_with_plain_ones_and_the_cap_is_said(cache_di
     assert not (tmp_path / "ckpt" / "counterpart-plain-equal-flops").exists()
 
 
+def test_models_trained_side_by_side_compare_as_those_trained_in_turn(cache_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    compared = {}
+    for workers in (1, 2):
+        (tmp_path / str(workers)).mkdir()
+        params = counterpart_params(tmp_path / str(workers), cache_dir, workers=workers)
+        capsys.readouterr()
+        result = train_stage(params, str(tmp_path / str(workers) / "ckpt"), out / "train.json",
+                             out / "loss.csv", progress=False)
+        said = capsys.readouterr().out
+        compared[workers] = result.metrics
+        # each worker's summary line reaches this process (and so the notebook), once per model
+        assert said.count("trained 3 steps") == 2 and said.count("trained ") == 3
+        assert ("at once on 2 processes" in said) == (workers == 2)
+    in_turn, side_by_side = compared[1], compared[2]
+    assert side_by_side["equal_flops_steps"] == in_turn["equal_flops_steps"] > 3
+    for a, b in zip(in_turn["comparison"], side_by_side["comparison"]):
+        assert {k: a[k] for k in ("model", "role", "steps", "tokens", "training_flops")} == \
+            {k: b[k] for k in ("model", "role", "steps", "tokens", "training_flops")}
+        # the same seeds and batches; a worker's thread count may round differently
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
+    assert side_by_side["latent_model"]["val_nelbo_by_steps"].keys() == \
+        in_turn["latent_model"]["val_nelbo_by_steps"].keys()
+
+
+def test_models_train_in_turn_on_a_gpu_under_torchrun_and_with_a_found_batch(monkeypatch):
+    from ltm.train.counterpart import side_by_side_workers
+    from ltm.train.settings import CounterpartConfig
+
+    cpu = TrainConfig(device="cpu", counterpart=CounterpartConfig(workers=2))
+    assert side_by_side_workers(cpu) == 2
+    assert side_by_side_workers(dataclasses.replace(cpu, counterpart=CounterpartConfig(workers=1))) == 1
+    assert side_by_side_workers(dataclasses.replace(cpu, batch_size="auto")) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert side_by_side_workers(dataclasses.replace(cpu, device="auto")) == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert side_by_side_workers(cpu) == 1
+
+
+def test_a_negative_counterpart_workers_is_a_one_line_error():
+    from ltm.train.settings import CounterpartConfig
+
+    with pytest.raises(ParamsError, match="workers: must be >= 0, got -1"):
+        CounterpartConfig(workers=-1)
+
+
 def test_counterparts_off_train_the_configured_model_alone(cache_dir, tmp_path):
     params = counterpart_params(tmp_path, cache_dir, enabled=False)
     out = tmp_path / "out"
