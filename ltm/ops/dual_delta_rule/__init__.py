@@ -92,6 +92,7 @@ def dual_delta_rule(
 
 def _triton_dual(q, k, v, beta, g, state: dict | None, output_final_state: bool):
     """Both states in the Triton kernels, grouped heads (state j reads q, k, v head j mod H)."""
+    # imported here: the kernels import Triton, which the CPU paths of this op never need
     from ltm.kernels.delta_rule import triton_chunk_delta_rule
     # one dtype for the kernels, as `ltm.ops.delta_rule.delta_rule` gives them (bf16 autocast
     # leaves the normalised q, k float32)
