@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from ltm.ablation.runner import GROUPS
+from ltm.ablation.profiling import GROUPS
 from ltm.params import ParamsError
 from ltm.report.figures import ablate_figure, profile_figure
 import ltm.stages.ablate as ablate_module

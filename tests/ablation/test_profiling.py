@@ -1,4 +1,4 @@
-"""ltm.ablation.runner: the profiler is started and stopped without its native log lines."""
+"""ltm.ablation.profiling: the profiler is started and stopped without its native log lines."""
 import subprocess
 import sys
 
@@ -6,7 +6,7 @@ SCRIPT = """
 import sys
 import torch
 from torch.profiler import ProfilerActivity
-from ltm.ablation.runner import quiet_profile
+from ltm.ablation.profiling import quiet_profile
 with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
     torch.ones(8) @ torch.ones(8)
     print("inside", file=sys.stderr, flush=True)
