@@ -30,6 +30,10 @@ class Headline:
     key: str  # dotted key inside it
     label: str
     higher_is_better: bool
+    # a dotted key of how the value was measured: two runs that differ in it are not compared
+    # (missing = `usual`, the value every run had before the key existed)
+    condition: str | None = None
+    usual: object = None
 
 
 # from the train stage's headline metrics (ltm.stages.summary): a plain model has val_nll, a
@@ -38,7 +42,7 @@ HEADLINES = (
     Headline("train.json", "lm.val_nll", "validation NLL (nats/token)", False),
     Headline("train.json", "lm.val_nll_bound", "validation NLL bound, NLL + KL (nats/token)", False),
     Headline("train.json", "lm.val_prefix_nll", "second-half NLL given the first half", False),
-    Headline("train.json", "lm.tokens_per_s", "training tokens/s", True),
+    Headline("train.json", "lm.tokens_per_s", "training tokens/s", True, "lm.models_at_once", 1),
     Headline("train.json", "lm.peak_memory_mib", "peak memory (MiB)", False),
 )
 
@@ -112,6 +116,17 @@ def _verdict(h: Headline, now: float, then: float, change: bool | None) -> str:
     return "better" if better else "worse"
 
 
+def _unlike(h: Headline, now: dict | None, then: dict | None) -> str | None:
+    """Why two runs' values of `h` do not compare (measured under other conditions), or None."""
+    if h.condition is None:
+        return None
+    here, there = (lookup(m, h.condition) for m in (now, then))
+    here, there = (h.usual if x is None else x for x in (here, there))
+    if here == there:
+        return None
+    return f"not compared: {h.condition.rsplit('.', 1)[-1]} {here} here, {there} then"
+
+
 def summary_table(current: dict[str, dict], others: dict[str, dict[str, dict]]) -> pd.DataFrame:
     """One row per headline metric and compared run: this run's value, theirs, the change and
     whether it exceeds the noise. `others`: {run name: metrics_at(...)}."""
@@ -126,6 +141,11 @@ def summary_table(current: dict[str, dict], others: dict[str, dict[str, dict]]) 
             if not isinstance(then, (int, float)):
                 rows.append({"metric": h.label, "compared with": run, "this run": now,
                              "then": None, "change": None, "verdict": "not measured then"})
+                continue
+            unlike = _unlike(h, current.get(h.file), metrics.get(h.file))
+            if unlike:
+                rows.append({"metric": h.label, "compared with": run, "this run": now,
+                             "then": then, "change": None, "verdict": unlike})
                 continue
             change = is_change(now - then, [now_noise, lookup(metrics.get(h.file), f"{h.key}_noise")])
             rows.append({"metric": h.label, "compared with": run, "this run": now, "then": then,

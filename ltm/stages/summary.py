@@ -52,7 +52,9 @@ def _model_summary(metrics: dict) -> dict:
                                "val_prefix_nll": "val_prefix_nll",
                                "val_prefix_nll_noise": "val_prefix_nll_noise"}, LOSS_DECIMALS))
     out.update(_pick(metrics, {"tokens_per_s": "tokens_per_s", "tokens_per_s_noise": "tokens_per_s_noise",
-                               "peak_memory_mib": "peak_memory_mib"}, 1))
+                               "peak_memory_mib": "peak_memory_mib",
+                               # processes training at once when tokens/s was measured (1: alone)
+                               "models_at_once": "models_at_once"}, 1))
     return out
 
 

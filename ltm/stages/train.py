@@ -31,7 +31,7 @@ from ltm.data.cache import cache_dir_of
 from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
 from ltm.params import ParamsError, load_section, read_params
-from ltm.train.counterpart import train_with_counterparts
+from ltm.train.counterpart import side_by_side_workers, train_with_counterparts
 from ltm.train.settings import TrainingDiverged, TrainResult, load_configs
 
 
@@ -79,6 +79,11 @@ def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_pat
     model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *args: None)
     result = train_with_counterparts(model_cfg, train_cfg, cache_dir, checkpoint_dir, progress, say)
+    # how its tokens/s was measured: a model trained beside another process on a CPU runs at about
+    # half its speed alone, so the report compares the number only between runs trained alike (a
+    # run resumed from finished checkpoints keeps their tokens/s and is stamped as configured now)
+    at_once = side_by_side_workers(train_cfg) if train_cfg.counterpart.enabled else 1
+    result.metrics["models_at_once"] = at_once
     if int(os.environ.get("RANK", "0")) == 0:
         write_outputs(result, metrics_path, plot_path)
     return result

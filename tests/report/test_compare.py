@@ -1,5 +1,6 @@
 import subprocess
 
+import pandas as pd
 import pytest
 
 from ltm.report.compare import changed_params, flatten, is_change, metrics_at, summary_table
@@ -17,6 +18,21 @@ def test_a_change_beyond_the_noise_is_marked_better_or_worse():
     assert verdicts[("validation", "a")] == "better" and verdicts[("training", "a")] == "worse"
     assert verdicts[("validation", "b")] == "within noise"
     assert verdicts[("training", "b")] == "not measured then"
+
+
+def test_tokens_per_s_measured_beside_other_models_is_not_compared_with_one_measured_alone():
+    def run(tokens, at_once=None):
+        lm = {"tokens_per_s": tokens, "tokens_per_s_noise": 1.0}
+        return {"train.json": {"lm": lm if at_once is None else dict(lm, models_at_once=at_once)}}
+
+    # a run from before the stamp trained its models in turn: missing reads as 1
+    table = summary_table(run(50.0, 2), {"old": run(100.0), "alike": run(60.0, 2),
+                                         "alone": run(100.0, 1)})
+    verdicts = dict(zip(table["compared with"], table["verdict"]))
+    assert verdicts["old"] == verdicts["alone"] == "not compared: models_at_once 2 here, 1 then"
+    assert verdicts["alike"] == "worse"
+    assert pd.isna(table.set_index("compared with").loc["old", "change"])
+    assert summary_table(run(90.0, 1), {"old": run(100.0)})["verdict"].tolist() == ["worse"]
 
 
 def test_a_bound_is_never_compared_with_an_nll():

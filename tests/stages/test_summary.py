@@ -23,6 +23,9 @@ def test_a_plain_models_nll_and_a_latent_models_bound_never_share_a_name():
     assert "val_nll" not in plain["counterparts"]["latent"]
     latent = train_summary(LATENT)
     assert latent["lm"]["val_nll_bound"] == 20.58 and "val_nll" not in latent["lm"]
+    # how the model's tokens/s was measured goes with it (the report compares only alike runs)
+    assert "models_at_once" not in plain["lm"]
+    assert train_summary(dict(PLAIN, models_at_once=2))["lm"]["models_at_once"] == 2
     assert latent["lm"]["model"] == "attention + 4 latents"
 
 

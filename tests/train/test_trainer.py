@@ -546,6 +546,9 @@ def test_models_trained_side_by_side_compare_as_those_trained_in_turn(cache_dir,
                              out / "loss.csv", progress=False)
         said = capsys.readouterr().out
         compared[workers] = result.metrics
+        # the stage stamps how its tokens/s was measured
+        assert result.metrics["models_at_once"] == workers
+        assert json.loads((out / "train.json").read_text())["models_at_once"] == workers
         # each worker's summary line reaches this process (and so the notebook), once per model
         assert said.count("trained 3 steps") == 2 and said.count("trained ") == 3
         assert ("at once on 2 processes" in said) == (workers == 2)
