@@ -76,10 +76,14 @@ def changed_line(summary: pd.DataFrame) -> str:
         return "What changed: nothing to compare (no earlier metrics)."
     parts = []
     for other, rows in summary.groupby("compared with", sort=False):
+        # a metric measured otherwise then (compare.Headline.condition) is said apart, not counted
+        apart = rows[rows["verdict"].astype(str).str.startswith("not compared")]
+        rows = rows.drop(apart.index)
         moved = rows[rows["verdict"].astype(str).str.contains("better|worse", case=False)]
         parts.append(f"against {other}: " + ("; ".join(f"{r['metric']} {r['verdict']}" for _, r in moved.iterrows())
                                              if not moved.empty else
-                                             f"none of {len(rows)} headline metrics beyond their noise"))
+                                             f"none of {len(rows)} headline metrics beyond their noise")
+                     + "".join(f"; {r['metric']} {r['verdict']}" for _, r in apart.iterrows()))
     if not any(p.startswith("against last commit") for p in parts):
         parts.insert(0, "the last commit has no metrics to compare with")
     return "What changed: " + "; ".join(parts) + "."

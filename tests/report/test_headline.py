@@ -41,6 +41,12 @@ def test_what_changed_counts_only_moves_beyond_the_noise():
     assert changed_line(calm) == ("What changed: against last commit: none of 2 headline metrics "
                                   "beyond their noise; against exp a: none of 1 headline metrics "
                                   "beyond their noise.")
+    unlike = pd.concat([calm, pd.DataFrame([{
+        "metric": "training tokens/s", "compared with": "last commit",
+        "verdict": "not compared: models_at_once 2 here, 1 then"}])], ignore_index=True)
+    assert changed_line(unlike).startswith(
+        "What changed: against last commit: none of 2 headline metrics beyond their noise; "
+        "training tokens/s not compared: models_at_once 2 here, 1 then; against exp a")
     only_exp = table[table["compared with"] == "exp a"]
     assert changed_line(only_exp).startswith("What changed: the last commit has no metrics")
 
