@@ -220,7 +220,7 @@ def fused(model: LTM, fused_ops: list[str]) -> LTM:
     """model with ltm.train.fused_ops's kernels swapped in (train.opt.fused_ops), if any asked:
     imported here, as Triton kernels are (see tests/test_imports.py)."""
     if fused_ops:
-        from ltm.train.fused_ops import apply_fused_ops
+        from ltm.train.fused_ops import apply_fused_ops  # imports Triton: only when asked
         apply_fused_ops(model, fused_ops)
     return model
 
