@@ -47,26 +47,40 @@ def _start_worker(threads: int, parent: int) -> None:
 
 
 def run_jobs(fn: Callable, jobs: list[tuple], workers: int,
-             on_done: Callable[[int, Any], None] | None = None) -> list:
+             on_done: Callable[[int, Any], None] | None = None,
+             after: dict[int, tuple[Callable, tuple]] | None = None) -> list:
     """[fn(*job) for job in jobs], in the jobs' order, run by `workers` processes at once (each
     with cores / workers threads; fn and the jobs must pickle) or here when workers is 1.
     on_done(index, result) is called as each job finishes. List the longest jobs first: they
-    start first."""
-    results: list = [None] * len(jobs)
+    start first. `after` maps a job's index to a follow-up (fn, args) started once that job has
+    finished (it may read what the job wrote): the follow-ups' results come after the jobs', in
+    the order of their jobs' indices, and on_done sees them at those indices too."""
+    follow = sorted((after or {}).items())
+    results: list = [None] * (len(jobs) + len(follow))
+    slot = {index: len(jobs) + k for k, (index, _) in enumerate(follow)}
 
-    def finished(done: Iterable[tuple[int, Any]]) -> None:
-        for index, result in done:
-            results[index] = result
-            if on_done is not None:
-                on_done(index, result)
+    def finished(index: int, result: Any) -> None:
+        results[index] = result
+        if on_done is not None:
+            on_done(index, result)
 
     if workers == 1:
-        finished((i, fn(*job)) for i, job in enumerate(jobs))
+        for i, job in enumerate(jobs):
+            finished(i, fn(*job))
+            if i in slot:
+                follow_fn, args = after[i]
+                finished(slot[i], follow_fn(*args))
         return results
     threads = max(1, cores() // workers)
     # spawned, not forked: a forked child of a process whose OpenMP pool ran can hang
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
                              initargs=(threads, os.getpid())) as pool:
-        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        finished((futures[f], f.result()) for f in as_completed(futures))
+        pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        while pending:
+            done = next(as_completed(pending))
+            index = pending.pop(done)
+            finished(index, done.result())
+            if index in slot:  # its follow-up now, on the worker just freed
+                follow_fn, args = after[index]
+                pending[pool.submit(follow_fn, *args)] = slot[index]
     return results

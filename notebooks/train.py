@@ -35,9 +35,12 @@ from ltm.stages.train import train_stage
 paths = stage_paths("train", checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
                     plot_path=plot_path, samples_path=samples_path)
 samples_path = paths.pop("samples_path")
+prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path,
+                          prior_bench_path=prior_bench_path, prior_plot_path=prior_plot_path)
 # a summary line per trained model rather than progress bars, which a stored notebook keeps
-# every update of
-result = train_stage(params_path, **paths, progress=False)
+# every update of; the prior (below) trains as soon as the latent model is trained
+result = train_stage(params_path, **paths, progress=False,
+                     prior_metrics_path=prior_paths["prior_metrics_path"])
 headline = {k: v for k, v in result.metrics.items() if not isinstance(v, (dict, list))}
 pd.Series(headline, name="value").to_frame()
 
@@ -66,15 +69,13 @@ if latent.get("val_nelbo_by_steps"):
 # %% [markdown]
 # ## A learned prior over latent thoughts
 # A small diffusion model over z, trained on posterior samples of the latent model (params.yaml
-# `prior:`, ltm/latent/prior.py), then its samplers against N(0, I) and the plain LM (`prior.bench`).
+# `prior:`, ltm/latent/prior.py) as soon as the train stage above had trained that model, then its
+# samplers against N(0, I) and the plain LM (`prior.bench`).
 
 # %%
-from ltm.stages.prior import prior_benchmark, prior_stage
+from ltm.stages.prior import prior_benchmark, read_prior_metrics
 
-prior_paths = stage_paths("train", prior_metrics_path=prior_metrics_path,
-                          prior_bench_path=prior_bench_path, prior_plot_path=prior_plot_path)
-prior_metrics = prior_stage(params_path, paths["checkpoint_dir"],
-                            prior_paths["prior_metrics_path"])
+prior_metrics = read_prior_metrics(prior_paths["prior_metrics_path"])
 pd.Series({k: v for k, v in prior_metrics.items() if k != "curve"}, name="value").to_frame()
 
 # %% [markdown]

@@ -52,6 +52,30 @@ def test_a_failing_job_raises_its_own_error():
         run_jobs(failing_job, [("bad input",), ("bad input",)], 2)
 
 
+def write_after(folder: str, name: str, wait_s: float) -> str:
+    """A job that writes a file named `name` after wait_s seconds."""
+    import time
+    time.sleep(wait_s)
+    Path(folder, name).write_text(name)
+    return name
+
+
+def read_written(folder: str, name: str) -> str:
+    """A follow-up that reads what its job wrote (FileNotFoundError if it started too early)."""
+    return "read " + Path(folder, name).read_text()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_follow_up_starts_after_its_job_and_comes_after_the_jobs(tmp_path, workers):
+    jobs = [(str(tmp_path), "slow", 1.0), (str(tmp_path), "fast", 0.0)]
+    seen = []
+    results = run_jobs(write_after, jobs, workers, lambda i, r: seen.append((i, r)),
+                       after={0: (read_written, (str(tmp_path), "slow"))})
+    assert results == ["slow", "fast", "read slow"]
+    assert sorted(seen) == [(0, "slow"), (1, "fast"), (2, "read slow")]
+    assert seen.index((0, "slow")) < seen.index((2, "read slow"))
+
+
 def pid_then_sleep(folder: str, index: int) -> None:
     """A job that says where it runs (a file named by its pid), then outlives any test."""
     import pathlib

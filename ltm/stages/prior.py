@@ -12,7 +12,9 @@ inner loop), which reads no checkpoint, does not rerun.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +42,29 @@ class PriorSection(PriorConfig):
 
 
 def prior_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
-                say=print) -> dict:
-    """The prior of params.yaml's `prior` section for the latent model the train stage trained, in
-    checkpoint_dir/prior (ltm.train.prior_trainer); its metrics to metrics_path."""
+                say=print, overrides: list[str] = ()) -> dict:
+    """The prior of params.yaml's `prior` section for the latent model the train stage trained
+    (its model and train sections with `overrides`), in checkpoint_dir/prior
+    (ltm.train.prior_trainer); its metrics to metrics_path."""
     cfg = load_section(PriorSection, "prior", params_path)
-    model_cfg, train_cfg, cache_dir = load_configs(params_path)
+    model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
     return train_stage_prior(cfg.training(), model_cfg, train_cfg, cache_dir, checkpoint_dir,
                              metrics_path, say)
+
+
+def prior_quietly(params_path: str, checkpoint_dir: str, metrics_path: str,
+                  overrides: list[str] = ()) -> tuple[dict, str]:
+    """prior_stage as the train stage's follow-up to its latent model (a worker's job when the
+    models train side by side): its metrics, and what it said as text for the parent to say."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        metrics = prior_stage(params_path, checkpoint_dir, metrics_path, overrides=overrides)
+    return metrics, text.getvalue()
+
+
+def read_prior_metrics(metrics_path: str | Path) -> dict:
+    """The prior's metrics as prior_stage wrote them (by the train stage's follow-up)."""
+    return json.loads(Path(metrics_path).read_text())
 
 
 def prior_benchmark(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,

@@ -1,8 +1,9 @@
 """The train stage: the model of params.yaml's `model` and `train` sections trained (one run is
 `ltm.train.trainer.Trainer`; its settings are `ltm.train.settings`), then its counterparts
-(`ltm.train.counterpart`), and the metrics and loss curves written for DVC (`train_stage`); then
-the prior over latent thoughts of the `prior` section, trained and measured (ltm.stages.prior),
-and text sampled from the trained checkpoint with the `samples` section (`samples_stage`). The
+(`ltm.train.counterpart`), and the metrics and loss curves written for DVC (`train_stage`); the
+prior over latent thoughts of the `prior` section trains as soon as the latent model is trained
+(on a CPU beside the models still training) and is measured after (ltm.stages.prior); then text
+is sampled from the trained checkpoint with the `samples` section (`samples_stage`). The
 train notebook calls them all; the latent study is a stage of its own (ltm.stages.study).
 
 Every speed optimisation is a switch under `train.opt` (see `ltm.train.settings.OptConfig`); `auto`
@@ -31,6 +32,7 @@ from ltm.data.cache import cache_dir_of
 from ltm.data.corpus import DataError
 from ltm.generate import SamplesConfig, write_samples
 from ltm.params import ParamsError, load_section, read_params
+from ltm.stages.prior import prior_quietly
 from ltm.train.counterpart import side_by_side_workers, train_with_counterparts
 from ltm.train.settings import TrainingDiverged, TrainResult, load_configs
 
@@ -71,19 +73,24 @@ def compare_curve_path(plot_path: str | Path) -> Path:
 
 
 def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_path: str | Path,
-                plot_path: str | Path, overrides: list[str] = (),
-                progress: bool = True) -> TrainResult:
+                plot_path: str | Path, overrides: list[str] = (), progress: bool = True,
+                prior_metrics_path: str | Path | None = None) -> TrainResult:
     """The train stage: train from params.yaml's model and train sections, then (train.counterpart)
     the plain or latent model beside it and a plain model at equal FLOPs (ltm.train.counterpart); write
-    the metrics and loss curves (from the process of rank 0). Paths come from dvc.yaml."""
+    the metrics and loss curves (from the process of rank 0). Paths come from dvc.yaml. With
+    prior_metrics_path, the prior (ltm.stages.prior) trains too, as soon as the latent model is
+    trained: on a CPU beside the models still training; its metrics go to that path."""
     model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *args: None)
-    result = train_with_counterparts(model_cfg, train_cfg, cache_dir, checkpoint_dir, progress, say)
-    # how its tokens/s was measured: a model trained beside another process on a CPU runs at about
-    # half its speed alone, so the report compares the number only between runs trained alike (a
-    # run resumed from finished checkpoints keeps their tokens/s and is stamped as configured now)
+    prior = None if prior_metrics_path is None else (
+        prior_quietly, (str(params_path), str(checkpoint_dir), str(prior_metrics_path),
+                        list(overrides)))
+    result = train_with_counterparts(model_cfg, train_cfg, cache_dir, checkpoint_dir, progress, say,
+                                     after_latent=prior)
+    # how its tokens/s was measured (ltm.train.counterpart.at_once_stamp), saved with the model's
+    # metrics; a checkpoint trained before the stamp existed is taken as configured now
     at_once = side_by_side_workers(train_cfg) if train_cfg.counterpart.enabled else 1
-    result.metrics["models_at_once"] = at_once
+    result.metrics.setdefault("models_at_once", at_once)
     if int(os.environ.get("RANK", "0")) == 0:
         write_outputs(result, metrics_path, plot_path)
     return result

@@ -24,6 +24,7 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -34,6 +35,9 @@ from ltm.model.lm import LTM
 from ltm.train.trainer import run_training
 from ltm.data.batches import with_vocab
 from ltm.workers import cpu_workers, run_jobs
+
+# a job run once the latent model is trained, (fn, args): fn(*args) -> (anything, text to say)
+FollowUp = tuple[Callable, tuple]
 
 # checkpoint subfolders of checkpoint_dir, and the names of the models in the comparison
 LATENT, PLAIN, PLAIN_FLOPS = "latent", "plain", "plain-equal-flops"
@@ -208,13 +212,22 @@ def _equal_flops_run(runs: list[Run], latent_tokens: int, plain_tokens_per_step:
                dataclasses.replace(cfg, steps=steps), folder, plain.flops)
 
 
-def train_quietly(run: Run, cache_dir: str) -> tuple[TrainResult, str]:
-    """A worker's job: one model trained without a bar. What it prints comes back as text for the
-    parent to say: a worker's own print would bypass the notebook running the stage."""
+def train_quietly(run: Run, cache_dir: str, at_once: int) -> tuple[TrainResult, str]:
+    """A worker's job: one model trained without a bar, `at_once` models training together. What
+    it prints comes back as text for the parent to say: a worker's own print would bypass the
+    notebook running the stage."""
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        result = run_training(run.model_cfg, run.train_cfg, cache_dir, str(run.folder), False)
+        result = run_training(run.model_cfg, run.train_cfg, cache_dir, str(run.folder), False,
+                              stamp=at_once_stamp(at_once))
     return result, text.getvalue()
+
+
+def at_once_stamp(at_once: int) -> dict:
+    """How a model's tokens/s was measured, saved with its metrics: a model trained beside
+    another process on a CPU runs at about half its speed alone, so the report compares the
+    number only between runs trained alike."""
+    return {"models_at_once": at_once}
 
 
 def side_by_side_workers(cfg: TrainConfig) -> int:
@@ -228,9 +241,11 @@ def side_by_side_workers(cfg: TrainConfig) -> int:
 
 
 def _train_side_by_side(runs: list[Run], cfg: TrainConfig, cache_dir: str, workers: int,
-                        say) -> tuple[list[TrainResult], Run | str | None]:
+                        say, after_latent: FollowUp | None = None
+                        ) -> tuple[list[TrainResult], Run | str | None]:
     """Every model at once on `workers` processes, the equal-FLOPs model's steps reckoned from the
-    planned tokens (those the models train are checked against them)."""
+    planned tokens (those the models train are checked against them); after_latent on the worker
+    the latent model leaves."""
     tokens = planned_tokens(cfg)
     flops_run = (_equal_flops_run(runs, tokens, tokens // cfg.steps,
                                   cfg.counterpart.max_equal_flops_steps, say)
@@ -239,9 +254,11 @@ def _train_side_by_side(runs: list[Run], cfg: TrainConfig, cache_dir: str, worke
     say(f"training {len(todo)} models at once on {workers} processes")
     # the costliest first (training FLOPs): they start first, the cheapest fills the gap
     order = sorted(range(len(todo)), key=lambda i: -todo[i].flops * todo[i].train_cfg.steps)
-    done = run_jobs(train_quietly, [(todo[i], cache_dir) for i in order], workers,
-                    lambda _, result: say(result[1].rstrip()) if result[1].strip() else None)
-    results = [result for _, (result, _) in sorted(zip(order, done))]
+    latent = next(k for k, i in enumerate(order) if todo[i].name == LATENT)
+    done = run_jobs(train_quietly, [(todo[i], cache_dir, workers) for i in order], workers,
+                    lambda _, result: say(result[1].rstrip()) if result[1].strip() else None,
+                    after={latent: after_latent} if after_latent else None)
+    results = [result for _, (result, _) in sorted(zip(order, done[:len(todo)]))]
     for run, result in zip(todo, results):
         trained = result.metrics["steps"] * result.metrics["tokens_per_step"]
         if trained != run.train_cfg.steps * tokens // cfg.steps:
@@ -259,7 +276,7 @@ def _train_in_turn(runs: list[Run], cfg: TrainConfig, cache_dir: str, progress: 
         if run.role != "configured":
             say(_counterpart_line(run))
         results.append(run_training(run.model_cfg, run.train_cfg, cache_dir, str(run.folder),
-                                    progress))
+                                    progress, at_once_stamp(1)))
     flops_run = None
     if cfg.counterpart.equal_flops:
         by_name = {run.name: result.metrics for run, result in zip(runs, results)}
@@ -269,7 +286,7 @@ def _train_in_turn(runs: list[Run], cfg: TrainConfig, cache_dir: str, progress: 
                                      cfg.counterpart.max_equal_flops_steps, say)
         if isinstance(flops_run, Run):
             results.append(run_training(flops_run.model_cfg, flops_run.train_cfg, cache_dir,
-                                        str(flops_run.folder), progress))
+                                        str(flops_run.folder), progress, at_once_stamp(1)))
     return results, flops_run
 
 
@@ -281,30 +298,44 @@ def _counterpart_line(run: Run) -> str:
 
 
 def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str,
-                            out_dir: str | Path, progress: bool = True,
-                            say=print) -> TrainResult:
+                            out_dir: str | Path, progress: bool = True, say=print,
+                            after_latent: FollowUp | None = None) -> TrainResult:
     """Train the configured model in out_dir, and (train.counterpart.enabled) its counterpart at
     equal training tokens and a plain model at equal training FLOPs, each in its subfolder: at
     once on a CPU's cores (side_by_side_workers), else in turn. The result is the configured
     model's, its metrics extended by `comparison`, `latent_model` and `counterparts` (each
     counterpart's metrics), and `compared` holds every model's loss curve (history rows with a
-    `model` key)."""
+    `model` key). after_latent (the prior's training, say) runs once the latent model is trained:
+    side by side, on the worker that model leaves, beside the models still training; else after
+    every model."""
     cp, out_dir = cfg.counterpart, Path(out_dir)
     latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
     used = set() if not cp.enabled else {PLAIN if latent_main else LATENT} | (
         {PLAIN_FLOPS} if cp.equal_flops else set())
     remove_stale_counterparts(out_dir, used, say)
     if not cp.enabled:
-        return run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress)
+        result = run_training(model_cfg, _normalised(cfg), cache_dir, str(out_dir), progress,
+                              at_once_stamp(1))
+        _run_here(after_latent, say)
+        return result
     runs = _planned_runs(model_cfg, cfg, cache_dir, out_dir)
     workers = side_by_side_workers(cfg)
     if workers > 1:
         for run in runs[1:]:
             say(_counterpart_line(run))
-        results, flops_run = _train_side_by_side(runs, cfg, cache_dir, workers, say)
+        results, flops_run = _train_side_by_side(runs, cfg, cache_dir, workers, say, after_latent)
     else:
         results, flops_run = _train_in_turn(runs, cfg, cache_dir, progress, say)
+        _run_here(after_latent, say)
     return _compared(runs, results, flops_run, cfg)
+
+
+def _run_here(job: FollowUp | None, say) -> None:
+    """A follow-up in this process (when there is one), its text said."""
+    if job is not None:
+        text = job[0](*job[1])[1]
+        if text.strip():
+            say(text.rstrip())
 
 
 def _compared(runs: list[Run], results: list[TrainResult], flops_run: Run | str | None,

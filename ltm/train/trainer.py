@@ -87,7 +87,10 @@ class Trainer:
     """One training run: built from the configs, then `run()` from the start or a checkpoint."""
 
     def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, cache_dir: str, out_dir: str,
-                 progress: bool) -> None:
+                 progress: bool, stamp: dict | None = None) -> None:
+        # how the run was measured (models_at_once, say): saved with its metrics, so that a
+        # resumed finished run reports how its own tokens/s was measured
+        self.stamp = dict(stamp or {})
         self.device, self.rank, self.world = setup_distributed(cfg.device)
         self.say = print if self.rank == 0 else (lambda *args: None)
         self.cfg, self.sw = cfg, resolve_switches(cfg.opt, self.device)
@@ -384,7 +387,7 @@ class Trainer:
             "data_wait_fraction": round(timing["data_wait"] / timed, 4) if timed > 0 else None,
             "seconds": round(seconds, 2), "switches": dataclasses.asdict(self.sw),
             "optimizer": self.cfg.optimizer, **time_to_target(self.history, self.cfg.target_loss),
-            "torch": torch.__version__,
+            "torch": torch.__version__, **self.stamp,
             # last, so that its time stays out of the timings above
             **self.final_evaluation(),
         }
@@ -400,6 +403,7 @@ def summary_line(metrics: dict, path: Path) -> str:
 
 
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, cache_dir: str, out_dir: str,
-                 progress: bool = True) -> TrainResult:
-    """Train (or resume) one model; checkpoints go to out_dir. Returns metrics and loss history."""
-    return Trainer(model_cfg, train_cfg, cache_dir, out_dir, progress).run()
+                 progress: bool = True, stamp: dict | None = None) -> TrainResult:
+    """Train (or resume) one model; checkpoints go to out_dir. Returns metrics and loss history;
+    `stamp` goes into the metrics of a run trained now."""
+    return Trainer(model_cfg, train_cfg, cache_dir, out_dir, progress, stamp).run()

@@ -535,17 +535,32 @@ def test_a_latent_model_is_compared_with_plain_ones_and_the_cap_is_said(cache_di
     assert not (tmp_path / "ckpt" / "counterpart-plain-equal-flops").exists()
 
 
+# a small prior (ltm.stages.prior) the train stage trains once its latent model is trained
+PRIOR = {"patch": 4, "width": 16, "n_heads": 2, "depth": 1, "steps": 20, "batch_size": 8,
+         "train_sequences": 24, "heldout_sequences": 8, "fit_batch": 8, "train_timesteps": 50,
+         "sample_steps": 5, "checkpoint_every": 10, "warmup_steps": 2}
+
+
 def test_models_trained_side_by_side_compare_as_those_trained_in_turn(cache_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    compared = {}
+    compared, priors = {}, {}
     for workers in (1, 2):
         (tmp_path / str(workers)).mkdir()
         params = counterpart_params(tmp_path / str(workers), cache_dir, workers=workers)
+        params.write_text(yaml.safe_dump({**yaml.safe_load(params.read_text()), "prior": PRIOR}))
         capsys.readouterr()
         result = train_stage(params, str(tmp_path / str(workers) / "ckpt"), out / "train.json",
-                             out / "loss.csv", progress=False)
+                             out / "loss.csv", progress=False,
+                             prior_metrics_path=out / f"prior-{workers}.json")
         said = capsys.readouterr().out
         compared[workers] = result.metrics
+        # the prior trained on the latent model once it was trained, its lines said here too
+        priors[workers] = json.loads((out / f"prior-{workers}.json").read_text())
+        assert priors[workers]["latent_model"] == "counterpart-latent"
+        assert priors[workers]["steps"] == 20 and said.count("prior: started") == 1
+        latent_done = said.index("trained 3 steps in", said.index("counterpart (latent"))
+        assert said.index("prior: ") > said.index("val NLL bound")
+        assert latent_done < said.index("prior: ")
         # the stage stamps how its tokens/s was measured
         assert result.metrics["models_at_once"] == workers
         assert json.loads((out / "train.json").read_text())["models_at_once"] == workers
@@ -561,6 +576,17 @@ def test_models_trained_side_by_side_compare_as_those_trained_in_turn(cache_dir,
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
     assert side_by_side["latent_model"]["val_nelbo_by_steps"].keys() == \
         in_turn["latent_model"]["val_nelbo_by_steps"].keys()
+    # the same prior, whichever process trained it (up to the rounding of a thread count)
+    assert priors[2]["eval_loss_heldout"] == pytest.approx(priors[1]["eval_loss_heldout"], rel=1e-3)
+    # resumed in turn, the finished models keep how their own tokens/s was measured
+    params = counterpart_params(tmp_path / "2", cache_dir, workers=1)
+    again = train_stage(params, str(tmp_path / "2" / "ckpt"), out / "again.json", out / "loss.csv",
+                        progress=False)
+    assert "nothing to train" in capsys.readouterr().out
+    assert again.metrics["models_at_once"] == 2
+    assert again.metrics["tokens_per_s"] == side_by_side["tokens_per_s"]
+    assert {r["model"]: r["tokens_per_s"] for r in again.metrics["comparison"]} == \
+        {r["model"]: r["tokens_per_s"] for r in side_by_side["comparison"]}
 
 
 def test_models_train_in_turn_on_a_gpu_under_torchrun_and_with_a_found_batch(monkeypatch):
@@ -586,10 +612,13 @@ def test_a_negative_counterpart_workers_is_a_one_line_error():
 
 def test_counterparts_off_train_the_configured_model_alone(cache_dir, tmp_path):
     params = counterpart_params(tmp_path, cache_dir, enabled=False)
+    params.write_text(yaml.safe_dump({**yaml.safe_load(params.read_text()), "prior": PRIOR}))
     out = tmp_path / "out"
     train_stage(params, str(tmp_path / "ckpt"), out / "train.json", out / "loss.csv",
-                progress=False)
+                progress=False, prior_metrics_path=out / "prior.json")
     assert "comparison" not in json.loads((out / "train.json").read_text())
+    # no latent model, so no prior: said in its metrics file, which is the stage's output
+    assert "trained no latent model" in json.loads((out / "prior.json").read_text())["skipped"]
     assert (out / "compare_loss.csv").read_text().split() == ["model,split,step,seconds,loss"]
     assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()] == []
 
