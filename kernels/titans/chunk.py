@@ -101,7 +101,7 @@ def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
     rows = NT * chunk
     delta, ddelta = (nan_buffer((B, H, rows, V), f32, dev) for _ in range(2))
     dk_local = nan_buffer((B, H, rows, K), f32, dev)
-    dg_local, dk_coef = (nan_buffer((B, H, rows), f32, dev) for _ in range(2))
+    dg_local = nan_buffer((B, H, rows), f32, dev)
     dws, dss = (nan_buffer((B, H, NT, K, V), f32, dev) for _ in range(2))
     dims = dict(H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
                 PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
@@ -111,12 +111,13 @@ def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
         dg_local, dk_local, dws, dss, T, NT, **dims)
     use_dht = dwt.numel() > 0
     _titans_bwd_state_kernel[(B * H,)](
-        k, theta, ends, w_last, p_last, g, delta, ddelta, dg_local, dws, dss, dwt.contiguous(),
-        dst.contiguous(), dv, dtheta, dw_last, dp_last, dk_coef, dw0, ds0, T, NT, clip or 1.0,
-        USE_CLIP=clip > 0, USE_DHT=use_dht, **dims)
+        k, theta, ends, w_last, p_last, g, delta, dg_local, dws, dss, dwt.contiguous(),
+        dst.contiguous(), dw0, ds0, T, NT, clip or 1.0, USE_CLIP=clip > 0, USE_DHT=use_dht,
+        **dims)
     _titans_bwd_keys_kernel[(NT, B * H)](
-        k, w_last, p_last, w_states, s_states, g, delta, ddelta, dk_local, dk_coef, dws, dss, dk,
-        dends, T, NT, **dims)
+        k, theta, w_last, p_last, w_states, s_states, g, delta, ddelta, dg_local, dk_local, dws,
+        dss, dk, dv, dtheta, dw_last, dp_last, dends, T, NT, clip or 1.0, USE_CLIP=clip > 0,
+        **dims)
     dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
                                                               dp_last), gamma)
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta, dw0, ds0)
