@@ -110,10 +110,12 @@ def _titans_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
         q, k, v, do, a, b, gamma, w_states, s_states, g, dq, da, db, dgamma, delta, ddelta,
         dg_local, dk_local, dws, dss, T, NT, **dims)
     use_dht = dwt.numel() > 0
+    # 8 warps: at 4 its registers spill inside the sequential loop (ptxas for sm_90, K = V = 64,
+    # bfloat16, chunk 64: 452-476 bytes a thread; 0-8 at 8)
     _titans_bwd_state_kernel[(B * H,)](
         k, theta, ends, w_last, p_last, g, delta, dg_local, dws, dss, dwt.contiguous(),
         dst.contiguous(), dw0, ds0, T, NT, clip or 1.0, USE_CLIP=clip > 0, USE_DHT=use_dht,
-        **dims)
+        **dict(dims, num_warps=8))
     _titans_bwd_keys_kernel[(NT, B * H)](
         k, theta, w_last, p_last, w_states, s_states, g, delta, ddelta, dg_local, dk_local, dws,
         dss, dk, dv, dtheta, dw_last, dp_last, dends, T, NT, clip or 1.0, USE_CLIP=clip > 0,
