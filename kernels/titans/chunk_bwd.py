@@ -101,6 +101,24 @@ def _dg_and_d_delta_state(k_dw, k_ds, kt, delta, g, wl, pl, dg_local, th, CLIP,
 
 
 @triton.jit
+def _chain_inputs(c, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, dws,
+                  dss, rk, rv, rt, mk, mv, T, NT, H: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, BT: tl.constexpr):
+    """What the chain reads of chunk c: none of it depends on the chain, so the kernel loads a
+    chunk's inputs one chunk ahead, while the chain works on the chunk before."""
+    t = c * BT + rt
+    mt = t < T
+    kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
+    th = tl.load(theta + (i_b * T + t) * H + i_h, mask=mt, other=0.0).to(tl.float32)
+    rows = (i_bh * NT + c) * BT + rt
+    delta = tl.load(delta_in + rows[:, None] * V + rv[None, :], mask=mv[None, :], other=0.0)
+    e_offs = (i_bh * NT + c) * 3
+    return (kt, th, delta, tl.load(g_in + rows), tl.load(w_last + rows),
+            tl.load(p_last + rows), tl.load(dg_local + rows), tl.load(ends + e_offs),
+            tl.load(ends + e_offs + 1), tl.load(ends + e_offs + 2))
+
+
+@triton.jit
 def _titans_bwd_state_kernel(k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, dws, dss,
                              dwt, dst, dw0, ds0, T, NT, CLIP, H: tl.constexpr, K: tl.constexpr,
                              V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -116,29 +134,30 @@ def _titans_bwd_state_kernel(k, theta, ends, w_last, p_last, g_in, delta_in, dg_
     if USE_DHT:
         dW = tl.load(dwt + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
         dS = tl.load(dst + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
+    kt, th, delta, g, wl, pl, dgl, a_end, b_end, e_end = _chain_inputs(
+        NT - 1, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, dws,
+        dss, rk, rv, rt, mk, mv, T, NT, H, K, V, BT)
     for i in range(NT):
         c = NT - 1 - i
+        # the next chunk's inputs first (chunk 0 again after the last), before dW' is stored
+        # over this chunk's dW_local: their loads overlap this chunk's products
+        (kt_next, th_next, delta_next, g_next, wl_next, pl_next, dgl_next,
+         a_next, b_next, e_next) = _chain_inputs(
+            tl.maximum(c - 1, 0), i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in,
+            dg_local, dws, dss, rk, rv, rt, mk, mv, T, NT, H, K, V, BT)
         state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
         dW_local = tl.load(dws + state_offs, mask=state_mask, other=0.0)
         dS_local = tl.load(dss + state_offs, mask=state_mask, other=0.0)
         tl.store(dws + state_offs, dW, mask=state_mask)  # dW', dS' for the keys' kernel
         tl.store(dss + state_offs, dS, mask=state_mask)
-        t = c * BT + rt
-        mt = t < T
-        kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)
-        th = tl.load(theta + (i_b * T + t) * H + i_h, mask=mt, other=0.0).to(tl.float32)
-        g_base = (i_bh * NT + c) * BT
-        delta = tl.load(delta_in + (g_base + rt)[:, None] * V + rv[None, :], mask=mv[None, :],
-                        other=0.0)
-        e_offs = (i_bh * NT + c) * 3
-        a_end, b_end, e_end = tl.load(ends + e_offs), tl.load(ends + e_offs + 1), tl.load(ends + e_offs + 2)
         _, _, d_delta, _, _, _ = _dg_and_d_delta_state(
-            dot(kt, dW, PRECISION), dot(kt, dS, PRECISION), kt, delta,
-            tl.load(g_in + g_base + rt), tl.load(w_last + g_base + rt),
-            tl.load(p_last + g_base + rt), tl.load(dg_local + g_base + rt), th, CLIP, USE_CLIP)
+            dot(kt, dW, PRECISION), dot(kt, dS, PRECISION), kt, delta, g, wl, pl, dgl, th, CLIP,
+            USE_CLIP)
         dW_prev = a_end * dW + dW_local + dot(tl.trans(kt), d_delta, PRECISION)
         dS = e_end * dS + b_end * dW + dS_local
         dW = dW_prev
+        kt, th, delta = kt_next, th_next, delta_next
+        g, wl, pl, dgl, a_end, b_end, e_end = g_next, wl_next, pl_next, dgl_next, a_next, b_next, e_next
     tl.store(dw0 + i_bh * K * V + rk[:, None] * V + rv[None, :], dW, mask=state_mask)
     tl.store(ds0 + i_bh * K * V + rk[:, None] * V + rv[None, :], dS, mask=state_mask)
 
