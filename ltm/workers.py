@@ -53,8 +53,9 @@ def run_jobs(fn: Callable, jobs: list[tuple], workers: int,
     with cores / workers threads; fn and the jobs must pickle) or here when workers is 1.
     on_done(index, result) is called as each job finishes. List the longest jobs first: they
     start first. `after` maps a job's index to a follow-up (fn, args) started once that job has
-    finished (it may read what the job wrote): the follow-ups' results come after the jobs', in
-    the order of their jobs' indices, and on_done sees them at those indices too."""
+    finished (it may read what the job wrote): on the worker just freed while other jobs still
+    run, else here, on every core, once the workers are gone. The follow-ups' results come after
+    the jobs', in the order of their jobs' indices, and on_done sees them at those indices too."""
     follow = sorted((after or {}).items())
     results: list = [None] * (len(jobs) + len(follow))
     slot = {index: len(jobs) + k for k, (index, _) in enumerate(follow)}
@@ -76,11 +77,17 @@ def run_jobs(fn: Callable, jobs: list[tuple], workers: int,
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
                              initargs=(threads, os.getpid())) as pool:
         pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        here = []  # follow-ups of the last jobs to finish
         while pending:
             done = next(as_completed(pending))
             index = pending.pop(done)
             finished(index, done.result())
-            if index in slot:  # its follow-up now, on the worker just freed
+            if index in slot and pending:  # beside the jobs still running, on the worker freed
                 follow_fn, args = after[index]
                 pending[pool.submit(follow_fn, *args)] = slot[index]
+            elif index in slot:  # nothing else runs: one thread in a worker would idle a core
+                here.append(index)
+    for index in here:
+        follow_fn, args = after[index]
+        finished(slot[index], follow_fn(*args))
     return results

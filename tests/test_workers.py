@@ -60,20 +60,29 @@ def write_after(folder: str, name: str, wait_s: float) -> str:
     return name
 
 
-def read_written(folder: str, name: str) -> str:
-    """A follow-up that reads what its job wrote (FileNotFoundError if it started too early)."""
-    return "read " + Path(folder, name).read_text()
+def read_written(folder: str, name: str) -> tuple[str, int, int]:
+    """A follow-up that reads what its job wrote (FileNotFoundError if it started too early), and
+    says where it ran: its pid and thread count."""
+    return "read " + Path(folder, name).read_text(), os.getpid(), torch.get_num_threads()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_follow_up_starts_after_its_job_and_comes_after_the_jobs(tmp_path, workers):
-    jobs = [(str(tmp_path), "slow", 1.0), (str(tmp_path), "fast", 0.0)]
+@pytest.mark.parametrize("first", ["slow", "fast"])
+def test_a_follow_up_starts_after_its_job_and_comes_after_the_jobs(tmp_path, workers, first):
+    # the slow job sleeps long enough for the fast one to end first on a busy machine
+    jobs = [(str(tmp_path), "slow", 4.0), (str(tmp_path), "fast", 0.0)]
+    job = 0 if first == "slow" else 1
     seen = []
     results = run_jobs(write_after, jobs, workers, lambda i, r: seen.append((i, r)),
-                       after={0: (read_written, (str(tmp_path), "slow"))})
-    assert results == ["slow", "fast", "read slow"]
-    assert sorted(seen) == [(0, "slow"), (1, "fast"), (2, "read slow")]
-    assert seen.index((0, "slow")) < seen.index((2, "read slow"))
+                       after={job: (read_written, (str(tmp_path), first))})
+    assert results[:2] == ["slow", "fast"] and results[2][0] == f"read {first}"
+    assert sorted(i for i, _ in seen) == [0, 1, 2]
+    assert [i for i, _ in seen].index(job) < [i for i, _ in seen].index(2)
+    # beside a job still running, in the worker just freed; after the last job, here, where
+    # every core is free
+    beside = workers == 2 and first == "fast"
+    assert (results[2][1] != os.getpid()) == beside
+    assert results[2][2] == (max(1, cores() // 2) if beside else torch.get_num_threads())
 
 
 def pid_then_sleep(folder: str, index: int) -> None:
