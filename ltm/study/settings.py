@@ -26,7 +26,9 @@ class StudyConfig:
     n_heads: int = 2
     window: int = 2
     n_latent: int = 4
-    seq_len: int = 128  # corpus windows; the testbed's is data.synthetic.length
+    # corpus windows; the testbed's is data.synthetic.length. 128 until 2026-12-06: a fifth of the
+    # study's time for the corpus's jobs, the testbed untouched (LOG.md)
+    seq_len: int = 96
     # training: the same batches for every model (equal tokens), AdamW, warm-up then cosine
     steps: int = 150
     batch_size: int = 8  # 16 until 2026-12-06 (LOG.md): the same verdicts in half the time
