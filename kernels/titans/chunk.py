@@ -59,7 +59,7 @@ def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
                 PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
     _titans_states_kernel[(B * H,)](
         k, v, theta, ends, w_last, p_last, w0, s0, w_states, s_states, g, wt, st, T, NT,
-        clip or 1.0, USE_CLIP=clip > 0, STORE_FINAL=final, **dims)
+        clip or 1.0, USE_CLIP=clip > 0, STORE_FINAL=final, **dict(dims, num_warps=8))
     _titans_output_kernel[(NT, B * H)](q, k, v, a, b, gamma, w_states, s_states, g, o, T, NT,
                                        **dims)
     return o, wt, st, w_states, s_states, g, *gates

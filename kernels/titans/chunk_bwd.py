@@ -101,9 +101,9 @@ def _dg_and_d_delta_state(k_dw, k_ds, kt, delta, g, wl, pl, dg_local, th, CLIP,
 
 
 @triton.jit
-def _chain_inputs(c, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, dws,
-                  dss, rk, rv, rt, mk, mv, T, NT, H: tl.constexpr, K: tl.constexpr,
-                  V: tl.constexpr, BT: tl.constexpr):
+def _chain_inputs(c, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local,
+                  rk, rv, rt, mk, mv, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr):
     """What the chain reads of chunk c: none of it depends on the chain, so the kernel loads a
     chunk's inputs one chunk ahead, while the chain works on the chunk before."""
     t = c * BT + rt
@@ -135,8 +135,8 @@ def _titans_bwd_state_kernel(k, theta, ends, w_last, p_last, g_in, delta_in, dg_
         dW = tl.load(dwt + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
         dS = tl.load(dst + i_bh * K * V + rk[:, None] * V + rv[None, :], mask=state_mask, other=0.0)
     kt, th, delta, g, wl, pl, dgl, a_end, b_end, e_end = _chain_inputs(
-        NT - 1, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, dws,
-        dss, rk, rv, rt, mk, mv, T, NT, H, K, V, BT)
+        NT - 1, i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in, dg_local, rk, rv,
+        rt, mk, mv, T, NT, H, K, V, BT)
     for i in range(NT):
         c = NT - 1 - i
         # the next chunk's inputs first (chunk 0 again after the last), before dW' is stored
@@ -144,7 +144,7 @@ def _titans_bwd_state_kernel(k, theta, ends, w_last, p_last, g_in, delta_in, dg_
         (kt_next, th_next, delta_next, g_next, wl_next, pl_next, dgl_next,
          a_next, b_next, e_next) = _chain_inputs(
             tl.maximum(c - 1, 0), i_bh, i_b, i_h, k, theta, ends, w_last, p_last, g_in, delta_in,
-            dg_local, dws, dss, rk, rv, rt, mk, mv, T, NT, H, K, V, BT)
+            dg_local, rk, rv, rt, mk, mv, T, NT, H, K, V, BT)
         state_offs = (i_bh * NT + c) * K * V + rk[:, None] * V + rv[None, :]
         dW_local = tl.load(dws + state_offs, mask=state_mask, other=0.0)
         dS_local = tl.load(dss + state_offs, mask=state_mask, other=0.0)

@@ -58,6 +58,22 @@ def _clipped_step(kt, delta, th, CLIP, USE_CLIP: tl.constexpr):
 
 
 @triton.jit
+def _state_inputs(c, i_bh, i_b, i_h, k, v, theta, ends, w_last, p_last, rk, rv, rt, mk, mv, T,
+                  NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """What the state pass reads of chunk c: none of it depends on the states, so the kernel
+    loads a chunk's inputs one chunk ahead, while it multiplies the chunk before."""
+    t = c * BT + rt
+    mt = t < T
+    kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)  # (BT, BK)
+    vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)  # (BT, BV)
+    th = tl.load(theta + (i_b * T + t) * H + i_h, mask=mt, other=0.0).to(tl.float32)
+    rows = (i_bh * NT + c) * BT + rt
+    e_offs = (i_bh * NT + c) * 3
+    return (kt, vt, th, tl.load(w_last + rows), tl.load(p_last + rows), tl.load(ends + e_offs),
+            tl.load(ends + e_offs + 1), tl.load(ends + e_offs + 2))
+
+
+@triton.jit
 def _titans_states_kernel(k, v, theta, ends, w_last, p_last, w0, s0, w_states, s_states, g_out,
                           wt, st, T, NT, CLIP, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -71,25 +87,25 @@ def _titans_states_kernel(k, v, theta, ends, w_last, p_last, w0, s0, w_states, s
     state_mask = mk[:, None] & mv[None, :]
     W = tl.load(w0 + i_bh * K * V + state_offs, mask=state_mask, other=0.0)
     S = tl.load(s0 + i_bh * K * V + state_offs, mask=state_mask, other=0.0)
+    kt, vt, th, wl, pl, a_end, b_end, e_end = _state_inputs(
+        0, i_bh, i_b, i_h, k, v, theta, ends, w_last, p_last, rk, rv, rt, mk, mv, T, NT, H, K, V,
+        BT)
     for c in range(NT):
+        # the next chunk's inputs first (the last chunk's again after it): their loads overlap
+        # this chunk's products
+        kt_n, vt_n, th_n, wl_n, pl_n, a_n, b_n, e_n = _state_inputs(
+            tl.minimum(c + 1, NT - 1), i_bh, i_b, i_h, k, v, theta, ends, w_last, p_last, rk, rv,
+            rt, mk, mv, T, NT, H, K, V, BT)
         tl.store(w_states + (i_bh * NT + c) * K * V + state_offs, W, mask=state_mask)
         tl.store(s_states + (i_bh * NT + c) * K * V + state_offs, S, mask=state_mask)
-        t = c * BT + rt
-        mt = t < T
-        kt = _load_tokens(k, i_b, i_h, t, mt, rk, mk, T, H, K)  # (BT, BK)
-        vt = _load_tokens(v, i_b, i_h, t, mt, rv, mv, T, H, V)  # (BT, BV)
-        th = tl.load(theta + (i_b * T + t) * H + i_h, mask=mt, other=0.0).to(tl.float32)
-        g_base = (i_bh * NT + c) * BT
-        e_offs = (i_bh * NT + c) * 3
-        a_end, b_end, e_end = tl.load(ends + e_offs), tl.load(ends + e_offs + 1), tl.load(ends + e_offs + 2)
         delta = dot(kt, W, PRECISION) - vt  # (BT, BV)
         _, g = _clipped_step(kt, delta, th, CLIP, USE_CLIP)
-        tl.store(g_out + g_base + rt, g)
+        tl.store(g_out + (i_bh * NT + c) * BT + rt, g)
         kt_t = tl.trans(kt)
-        W_next = (a_end * W + b_end * S
-                  - dot(kt_t, (tl.load(w_last + g_base + rt) * g)[:, None] * delta, PRECISION))
-        S = e_end * S - dot(kt_t, (tl.load(p_last + g_base + rt) * g)[:, None] * delta, PRECISION)
+        W_next = a_end * W + b_end * S - dot(kt_t, (wl * g)[:, None] * delta, PRECISION)
+        S = e_end * S - dot(kt_t, (pl * g)[:, None] * delta, PRECISION)
         W = W_next
+        kt, vt, th, wl, pl, a_end, b_end, e_end = kt_n, vt_n, th_n, wl_n, pl_n, a_n, b_n, e_n
     if STORE_FINAL:
         tl.store(wt + i_bh * K * V + state_offs, W, mask=state_mask)
         tl.store(st + i_bh * K * V + state_offs, S, mask=state_mask)

@@ -2,9 +2,9 @@
 `ltm.train.trainer.Trainer`; its settings are `ltm.train.settings`), then its counterparts
 (`ltm.train.counterpart`), and the metrics and loss curves written for DVC (`train_stage`); the
 prior over latent thoughts of the `prior` section trains as soon as the latent model is trained
-(on a CPU beside the models still training) and is measured after (ltm.stages.prior); then text
-is sampled from the trained checkpoint with the `samples` section (`samples_stage`). The
-train notebook calls them all; the latent study is a stage of its own (ltm.stages.study).
+(on a CPU beside a model still training, if one is) and is measured after (ltm.stages.prior);
+then text is sampled from the trained checkpoint with the `samples` section (`samples_stage`).
+The train notebook calls them all; the latent study is a stage of its own (ltm.stages.study).
 
 Every speed optimisation is a switch under `train.opt` (see `ltm.train.settings.OptConfig`); `auto`
 picks per device. The data position is a micro-batch index (see ltm.data.batches), checkpoints are in
@@ -79,7 +79,7 @@ def train_stage(params_path: str | Path, checkpoint_dir: str | Path, metrics_pat
     the plain or latent model beside it and a plain model at equal FLOPs (ltm.train.counterpart); write
     the metrics and loss curves (from the process of rank 0). Paths come from dvc.yaml. With
     prior_metrics_path, the prior (ltm.stages.prior) trains too, as soon as the latent model is
-    trained: on a CPU beside the models still training; its metrics go to that path."""
+    trained: on a CPU beside a model still training, if one is; its metrics go to that path."""
     model_cfg, train_cfg, cache_dir = load_configs(params_path, overrides)
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *args: None)
     prior = None if prior_metrics_path is None else (

@@ -306,8 +306,8 @@ def train_with_counterparts(model_cfg: ModelConfig, cfg: TrainConfig, cache_dir:
     model's, its metrics extended by `comparison`, `latent_model` and `counterparts` (each
     counterpart's metrics), and `compared` holds every model's loss curve (history rows with a
     `model` key). after_latent (the prior's training, say) runs once the latent model is trained:
-    side by side, on the worker that model leaves, beside the models still training; else after
-    every model."""
+    side by side, on the worker that model leaves while another model still trains, here on every
+    core when none does (ltm.workers.run_jobs); in turn, after every model."""
     cp, out_dir = cfg.counterpart, Path(out_dir)
     latent_main = model_cfg.n_latent > 0 and cfg.latent.steps > 0
     used = set() if not cp.enabled else {PLAIN if latent_main else LATENT} | (
