@@ -57,6 +57,8 @@ def _titans_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.
     a, b, gamma, ends, w_last, p_last = gates
     dims = dict(H=H, K=K, V=V, BT=chunk, BK=block_size(K), BV=block_size(V),
                 PRECISION=dot_precision(q.dtype, K), **_launch_options(K, V))
+    # 8 warps, each chunk's inputs loaded a chunk ahead (together, one H200, b9b9813): 0.113 ->
+    # 0.100 ms at 8 x 2048 x 12 x 64 and 0.390 -> 0.364 ms at 2 x 8192 x 12 x 64, chunk 64
     _titans_states_kernel[(B * H,)](
         k, v, theta, ends, w_last, p_last, w0, s0, w_states, s_states, g, wt, st, T, NT,
         clip or 1.0, USE_CLIP=clip > 0, STORE_FINAL=final, **dict(dims, num_warps=8))
