@@ -37,13 +37,21 @@ class Headline:
 
 
 # from the train stage's headline metrics (ltm.stages.summary): a plain model has val_nll, a
-# latent one the bound val_nll_bound, never both
+# latent one the bound val_nll_bound, never both; then the verdicts of the study and the recall
+# stage (their noise: the standard error over sequences and training seeds), so that a change to
+# either shows on the first screen. "better" is the latent model's or the memory's side winning.
 HEADLINES = (
     Headline("train.json", "lm.val_nll", "validation NLL (nats/token)", False),
     Headline("train.json", "lm.val_nll_bound", "validation NLL bound, NLL + KL (nats/token)", False),
     Headline("train.json", "lm.val_prefix_nll", "second-half NLL given the first half", False),
     Headline("train.json", "lm.tokens_per_s", "training tokens/s", True, "lm.models_at_once", 1),
     Headline("train.json", "lm.peak_memory_mib", "peak memory (MiB)", False),
+    Headline("study.json", "testbed.latent_gain_over_plain",
+             "study, testbed: latent gain over plain (nats/token)", True),
+    Headline("study.json", "corpus.latent_gain_over_plain",
+             "study, corpus: latent gain over plain (nats/token)", True),
+    Headline("recall.json", "recall_margin_over_sliding_window.titans:window.difference",
+             "recall: Titans margin over sliding window", True),
 )
 
 

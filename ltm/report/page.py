@@ -55,7 +55,8 @@ def summary_section(metrics_dir: Path) -> Section:
     note = (f"This run beside the last commit and every `dvc exp` run kept here. A change counts "
             f"only beyond {compare.NOISE_SIGMAS:g} x the combined noise the stages measured "
             "(validation loss: standard error over its batches; tokens/s: spread over the timed "
-            "windows); 'noise not measured' where a run did not record it.")
+            "windows; the study's gains and the recall margin: standard error over sequences and "
+            "seeds); 'noise not measured' where a run did not record it.")
     return Section("Summary: what changed", [table] if not table.empty else [], [], note)
 
 

@@ -68,3 +68,21 @@ def test_metrics_and_params_at_a_commit(tmp_path, monkeypatch):
 
 def test_flatten_names_nested_keys_with_dots():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+
+
+def test_the_study_and_recall_verdicts_are_compared_with_their_standard_errors():
+    def run(corpus, corpus_se, margin, margin_se):
+        return {"study.json": {"corpus": {"latent_gain_over_plain": corpus,
+                                          "latent_gain_over_plain_noise": corpus_se}},
+                "recall.json": {"recall_margin_over_sliding_window": {"titans:window": {
+                    "difference": margin, "difference_noise": margin_se}}}}
+
+    # the corpus gain moved by 0.020, within 2 x hypot(0.018, 0.010); the margin by 0.040, beyond
+    then = {"last commit": run(-0.070, 0.018, 0.048, 0.013)}
+    table = summary_table(run(-0.090, 0.010, 0.088, 0.012), then)
+    verdicts = dict(zip(table["metric"], table["verdict"]))
+    assert verdicts == {"study, corpus: latent gain over plain (nats/token)": "within noise",
+                        "recall: Titans margin over sliding window": "better"}
+    worse = summary_table(run(-0.300, 0.010, 0.048, 0.013), then)
+    assert dict(zip(worse["metric"], worse["verdict"]))[
+        "study, corpus: latent gain over plain (nats/token)"] == "worse"
