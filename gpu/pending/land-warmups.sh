@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What `delta-rule-warmups.patch` needs on a GPU, once applied and committed as HASH: the delta-rule
+# kernel tests, the GPU check (every mixer, eager and compiled, plain and latent) and the sweep,
+# in that order, each skipped when a call before this one on the same machine finished it (a
+# fresh machine's Triton cache makes the tests alone take minutes). Run it again, at once, until
+# it says "all done": the machine goes back after 30 s idle.
+#   bash gpu/pending/land-warmups.sh OUT_DIR HASH [SECONDS_AVAILABLE]
+set -uo pipefail
+OUT_DIR=$1 HASH=$2 BUDGET=${3:-570}
+STATE=/tmp/land-warmups-$HASH
+mkdir -p "$OUT_DIR" "$STATE"
+export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RESULTS=1 PYTHONUNBUFFERED=1
+[ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
+log() { echo "$*" | tee -a "$OUT_DIR/log"; }
+left() { echo $((BUDGET - SECONDS)); }
+log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
+
+if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 120 ]; then
+  timeout $(($(left) - 20)) python3 -m pytest -q -n 12 -p no:warnings -p no:cacheprovider \
+    tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
+    tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
+    tests/kernels/test_kernels_delta_rule_fused_output.py > "$OUT_DIR/tests.log" 2>&1
+  rc=$?
+  log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
+  [ $rc -eq 0 ] && touch "$STATE/tests"
+fi
+if [ -e "$STATE/tests" ] && [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
+  timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
+  rc=$?
+  log "check rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/chk.log")"
+  [ $rc -eq 0 ] && touch "$STATE/check"
+fi
+if [ -e "$STATE/check" ] && [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
+  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
+    "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
+    off,on2,on4:b64w4s3,on2:b64w4s3,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
+fi
+[ -e "$STATE/sweep" ] && log "all done" || log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
