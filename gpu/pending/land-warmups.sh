@@ -34,7 +34,7 @@ fi
 if [ -e "$STATE/check" ] && [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
   timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
     "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
-    off,on2,on4:b64w4s3,on2:b64w4s3,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
+    off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
 [ -e "$STATE/sweep" ] && log "all done" || log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
