@@ -3,7 +3,8 @@
 # kernel tests, the GPU check (every mixer, eager and compiled, plain and latent) and the sweep,
 # in that order, each skipped when a call before this one on the same machine finished it (a
 # fresh machine's Triton cache makes the tests alone take minutes). Run it again, at once, until
-# it says "all done": the machine goes back after 30 s idle.
+# it says "done" (carry .whl2, then .whl, for FlashQLA's column): the machine goes back after 30 s
+# idle.
 #   bash gpu/pending/land-warmups.sh OUT_DIR HASH [SECONDS_AVAILABLE]
 set -uo pipefail
 OUT_DIR=$1 HASH=$2 BUDGET=${3:-570}
@@ -14,6 +15,12 @@ export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RE
 log() { echo "$*" | tee -a "$OUT_DIR/log"; }
 left() { echo $((BUDGET - SECONDS)); }
 log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
+# wheels carried this call (.whl2: fla-core, flash-qla, apache-tvm-ffi, torch-c-dlpack-ext,
+# z3-solver; .whl: tilelang; 64 MB a call, so two calls): installed for the last stage
+for dir in .whl .whl2; do
+  [ -d "$dir" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site "$dir"/*.whl 2>&1 | tail -1
+done
 
 if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 20)) python3 -m pytest -q -n 12 -p no:warnings -p no:cacheprovider \
@@ -37,4 +44,13 @@ if [ -e "$STATE/check" ] && [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; the
     off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
-[ -e "$STATE/sweep" ] && log "all done" || log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
+# FlashQLA in the same process as ours, where fla, flash-qla and tilelang are installed (TileLang
+# compiles each new shape for minutes: two shapes)
+if [ -e "$STATE/sweep" ] && [ ! -e "$STATE/fla" ] && [ "$(left)" -gt 240 ] \
+   && python3 -c "import fla, flash_qla, tilelang" 2>/dev/null; then
+  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/fla.json" \
+    "1,32768,8,128;2,8192,8,128" off,on2,fla 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
+fi
+[ -e "$STATE/sweep" ] && log "done: tests, check, sweep$([ -e "$STATE/fla" ] && echo ', FlashQLA')" \
+  || log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
