@@ -285,7 +285,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_cases(cases: list[tuple], workers: int, base: list[str], params: str, argv: list[str],
+              out: Path, add) -> None:
+    """The training cases (mixer, mode, latent), each row handed to `add` as it is done: in this
+    process one after another (one worker), or each in a process of its own, `workers` at once."""
+    if workers == 1:
+        for name, mode, latent in cases:
+            add([training_row(name, [*MIXERS[name], *base], params, mode == "compiled",
+                              latent, generate=not latent and mode == "eager")])
+        return
+    lock = str(out / "gpu.lock")
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        # compiled cases first: their compilation is the long part
+        order = sorted(cases, key=lambda c: c[1] != "compiled")
+        futures = [pool.submit(case_in_a_worker, case, argv, lock) for case in order]
+        for future in concurrent.futures.as_completed(futures):
+            add([future.result()])
+
+
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu/results", help="folder of check.json")
     parser.add_argument("--params", default=str(ROOT / "configs" / "gpu.yaml"))
@@ -304,8 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", default=None, help="the commit to record (default: git's)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # a worker's one case: name:mode:latent
     parser.add_argument("--row-file", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = argument_parser().parse_args(argv)
     unknown = [m for m in args.only.split(",") if m and m not in MIXERS]
     if unknown:
         raise SystemExit(f"error: unknown mixer {unknown[0]!r}; expected one of {', '.join(MIXERS)}")
@@ -342,21 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(name, mode, latent) for name in mixers
              for latent in ((False,) if args.no_latent else (False, True))
              for mode in args.modes.split(",")]
-    workers = args.workers or (4 if torch.cuda.is_available() else 1)
-    if workers == 1:
-        for name, mode, latent in cases:
-            add([training_row(name, [*MIXERS[name], *base], args.params, mode == "compiled",
-                              latent, generate=not latent and mode == "eager")])
-    else:
-        lock = str(out / "gpu.lock")
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            # compiled cases first: their compilation is the long part
-            order = sorted(cases, key=lambda c: c[1] != "compiled")
-            futures = [pool.submit(case_in_a_worker, case, argv, lock) for case in order]
-            for future in concurrent.futures.as_completed(futures):
-                add([future.result()])
-        rank = {f"{n} {m}{' +latent' if l else ''}": i for i, (n, m, l) in enumerate(cases)}
-        record["rows"].sort(key=lambda r: rank.get(r["case"], -1))
+    run_cases(cases, args.workers or (4 if torch.cuda.is_available() else 1), base, args.params,
+              argv, out, add)
+    rank = {f"{n} {m}{' +latent' if l else ''}": i for i, (n, m, l) in enumerate(cases)}
+    record["rows"].sort(key=lambda r: rank.get(r["case"], -1))
     if torch.cuda.device_count() >= 2:
         add([ddp_row(args.params, [*MIXERS["attention"], *base])])
     if tests is not None:
