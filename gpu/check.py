@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,7 +287,7 @@ def table(rows: list[dict]) -> str:
 
 
 def run_cases(cases: list[tuple], workers: int, base: list[str], params: str, argv: list[str],
-              out: Path, add) -> None:
+              out: Path, add: Callable[[list[dict]], None]) -> None:
     """The training cases (mixer, mode, latent), each row handed to `add` as it is done: in this
     process one after another (one worker), or each in a process of its own, `workers` at once."""
     if workers == 1:
