@@ -22,7 +22,7 @@ for dir in .whl .whl2; do
     --upgrade --target /tmp/site "$dir"/*.whl 2>&1 | tail -1
 done
 
-if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 120 ]; then
+if [ ! -e "$STATE/tests" ] && [ ! -e "$STATE/tests-failed" ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 20)) python3 -m pytest -q -n 12 -p no:warnings -p no:cacheprovider \
     tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
     tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
@@ -31,6 +31,7 @@ if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 120 ]; then
   log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
   [ $rc -eq 0 ] && touch "$STATE/tests"
+  [ $rc -eq 1 ] && touch "$STATE/tests-failed"  # (pytest's 1: tests failed; the sweep still runs)
 fi
 if [ -e "$STATE/tests" ] && [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
   timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
@@ -38,7 +39,10 @@ if [ -e "$STATE/tests" ] && [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; th
   log "check rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/chk.log")"
   [ $rc -eq 0 ] && touch "$STATE/check"
 fi
-if [ -e "$STATE/check" ] && [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
+# the sweep once the change is checked, or where its tests failed (it cannot land; the numbers
+# still tell where it stands)
+if { [ -e "$STATE/check" ] || [ -e "$STATE/tests-failed" ]; } && [ ! -e "$STATE/sweep" ] \
+   && [ "$(left)" -gt 60 ]; then
   timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
     "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
     off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
@@ -52,5 +56,10 @@ if [ -e "$STATE/sweep" ] && [ ! -e "$STATE/fla" ] && [ "$(left)" -gt 240 ] \
     "1,32768,8,128;2,8192,8,128" off,on2,fla 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
 fi
-[ -e "$STATE/sweep" ] && log "done: tests, check, sweep$([ -e "$STATE/fla" ] && echo ', FlashQLA')" \
-  || log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
+if [ -e "$STATE/tests-failed" ]; then
+  log "kernel tests FAILED (tests.log): not landable$([ -e "$STATE/sweep" ] && echo '; sweep done')"
+elif [ -e "$STATE/sweep" ]; then
+  log "done: tests, check, sweep$([ -e "$STATE/fla" ] && echo ', FlashQLA')"
+else
+  log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
+fi
