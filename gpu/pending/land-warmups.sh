@@ -14,6 +14,12 @@ export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RE
 [ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
 log() { echo "$*" | tee -a "$OUT_DIR/log"; }
 left() { echo $((BUDGET - SECONDS)); }
+# one sweep (gpu/warmup_sweep.py) into OUT_DIR/NAME.json, the stage NAME done when it finishes
+sweep() {
+  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/$1.json" "$2" "$3" 2>&1 \
+    | grep -v TileLang | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/$1"
+}
 log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
 # wheels carried this call (.whl2: fla-core, flash-qla, apache-tvm-ffi, torch-c-dlpack-ext,
 # z3-solver; .whl: tilelang; 64 MB a call, so two calls): installed for the last stage
@@ -43,18 +49,14 @@ fi
 # still tell where it stands)
 if { [ -e "$STATE/check" ] || [ -e "$STATE/tests-failed" ]; } && [ ! -e "$STATE/sweep" ] \
    && [ "$(left)" -gt 60 ]; then
-  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
-    "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
-    off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
+  sweep sweep "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
+    off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2
 fi
 # FlashQLA in the same process as ours, where fla, flash-qla and tilelang are installed (TileLang
 # compiles each new shape for minutes: two shapes)
 if [ -e "$STATE/sweep" ] && [ ! -e "$STATE/fla" ] && [ "$(left)" -gt 240 ] \
    && python3 -c "import fla, flash_qla, tilelang" 2>/dev/null; then
-  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/fla.json" \
-    "1,32768,8,128;2,8192,8,128" off,on2,fla 2>&1 | grep -v TileLang | tee -a "$OUT_DIR/log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
+  sweep fla "1,32768,8,128;2,8192,8,128" off,on2,fla
 fi
 if [ -e "$STATE/tests-failed" ]; then
   log "kernel tests FAILED (tests.log): not landable$([ -e "$STATE/sweep" ] && echo '; sweep done')"
