@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `delta-rule-warmups.patch` needs on a GPU, once applied and committed as HASH: the delta-rule
-# kernel tests, the GPU check (every mixer, eager and compiled, plain and latent) and the sweep,
+# kernel tests and the GPU check (every mixer, eager and compiled, plain and latent) side by side, then the sweep,
 # in that order, each skipped when a call before this one on the same machine finished it (a
 # fresh machine's Triton cache makes the tests alone take minutes). Run it again, at once, until
 # it says "done" (carry .whl2, then .whl, for FlashQLA's column): the machine goes back after 30 s
@@ -28,6 +28,18 @@ for dir in .whl .whl2; do
     --upgrade --target /tmp/site "$dir"/*.whl 2>&1 | tail -1
 done
 
+# the GPU check (the landing's gate) from the start, beside the kernel tests, where neither ran yet:
+# on a fresh machine the two in turn do not fit one call
+check() {
+  timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
+  rc=$?
+  log "check rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/chk.log")"
+  [ $rc -eq 0 ] && touch "$STATE/check"
+}
+checking=
+if [ ! -e "$STATE/check" ] && [ ! -e "$STATE/tests" ] && [ ! -e "$STATE/tests-failed" ]; then
+  check & checking=$!
+fi
 if [ ! -e "$STATE/tests" ] && [ ! -e "$STATE/tests-failed" ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 20)) python3 -m pytest -q -n 12 -p no:warnings -p no:cacheprovider \
     tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
@@ -39,28 +51,28 @@ if [ ! -e "$STATE/tests" ] && [ ! -e "$STATE/tests-failed" ] && [ "$(left)" -gt 
   [ $rc -eq 0 ] && touch "$STATE/tests"
   [ $rc -eq 1 ] && touch "$STATE/tests-failed"  # (pytest's 1: tests failed; the sweep still runs)
 fi
-if [ -e "$STATE/tests" ] && [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
-  timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
-  rc=$?
-  log "check rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/chk.log")"
-  [ $rc -eq 0 ] && touch "$STATE/check"
+[ -n "$checking" ] && wait "$checking"
+if [ -e "$STATE/tests" ] && [ ! -e "$STATE/check" ] && [ -z "$checking" ] && [ "$(left)" -gt 300 ]; then
+  check
 fi
 # the sweep once the change is checked, or where its tests failed (it cannot land; the numbers
 # still tell where it stands)
 if { [ -e "$STATE/check" ] || [ -e "$STATE/tests-failed" ]; } && [ ! -e "$STATE/sweep" ] \
    && [ "$(left)" -gt 60 ]; then
-  sweep sweep "1,32768,8,128w;1,32768,8,128;2,8192,8,128;3,5000,12,128;8,2048,8,128" \
-    off,on2,on4:b64w4s3,on4:b64w8s2,on2:b64w8s2,on8:b128w8s2
+  # (the shapes and variants that decide most first: the JSON grows row by row, and a cut call
+  # keeps what it measured)
+  sweep sweep "1,32768,8,128;4,4096,16,128;3,5000,12,128;1,32768,8,128w;8,2048,8,128;2,8192,8,128" \
+    off,on2,on4n,on2:b64w8s2,on4,on2n,on4:b64w8s2
 fi
 # FlashQLA in the same process as ours, where fla, flash-qla and tilelang are installed (TileLang
 # compiles each new shape for minutes: two shapes)
 if [ -e "$STATE/sweep" ] && [ ! -e "$STATE/fla" ] && [ "$(left)" -gt 240 ] \
    && python3 -c "import fla, flash_qla, tilelang" 2>/dev/null; then
-  sweep fla "1,32768,8,128;2,8192,8,128" off,on2,fla
+  sweep fla "1,32768,8,128;2,8192,8,128" off,on2,on4n,fla
 fi
 if [ -e "$STATE/tests-failed" ]; then
   log "kernel tests FAILED (tests.log): not landable$([ -e "$STATE/sweep" ] && echo '; sweep done')"
-elif [ -e "$STATE/sweep" ]; then
+elif [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ] && [ -e "$STATE/check" ]; then
   log "done: tests, check, sweep$([ -e "$STATE/fla" ] && echo ', FlashQLA')"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
