@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What `delta-rule-warmups.patch` needs on a GPU, once applied and committed as HASH: the delta-rule
-# kernel tests and the GPU check (every mixer, eager and compiled, plain and latent) side by side, then the sweep,
-# in that order, each skipped when a call before this one on the same machine finished it (a
-# fresh machine's Triton cache makes the tests alone take minutes). Run it again, at once, until
-# it says "done" (carry .whl2, then .whl, for FlashQLA's column): the machine goes back after 30 s
-# idle.
+# What `delta-rule-warmups.patch` and `delta-rule-warmups-wide.patch` need on a GPU, once applied
+# and committed as HASH: the GPU check (every mixer, eager and compiled, plain and latent) beside
+# the delta-rule kernel tests, then the sweep, each skipped when a call before this one on the same
+# machine finished it (a fresh machine's Triton cache makes the tests alone take minutes). Run it
+# again, at once, until it says "done" (carry .whl2, then .whl, for FlashQLA's column): the
+# machine goes back after 30 s idle.
 #   bash gpu/pending/land-warmups.sh OUT_DIR HASH [SECONDS_AVAILABLE]
 set -uo pipefail
 OUT_DIR=$1 HASH=$2 BUDGET=${3:-570}
