@@ -271,6 +271,37 @@ def store_tile(ptrs_mask, val):
 
 
 @triton.jit
+def store_segment_state(x, val, i_bh, i_s, NS, EDGE, WHOLE: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, col0, BK: tl.constexpr, BV: tl.constexpr):
+    """A state pass's state at a segment's edge: one per segment into x[i_bh NS + i_s], or
+    (WHOLE: segments that each warm their own start up) the whole pass's, from segment EDGE only,
+    into x[i_bh]."""
+    if WHOLE:
+        if i_s == EDGE:
+            store_tile(state_tile(x, i_bh, K, V, col0, BK, BV), val)
+    else:
+        store_tile(state_tile(x, i_bh * NS + i_s, K, V, col0, BK, BV), val)
+
+
+@triton.jit
+def segments_decay_below(gcum, i_b, i_h, T, H, SEG, s_lo, s_hi, LOG_FLOOR, BT: tl.constexpr):
+    """Whether each segment s_lo .. s_hi - 1 of SEG full chunks of BT tokens decays a state to at
+    most exp(LOG_FLOOR): its chunks' last log decays summed (gcum: [B, T, H], cumulative within a
+    chunk), 16 segments by 16 chunks a load. True where there is no such segment."""
+    worst = tl.max(tl.full([16], float("-inf"), tl.float32), 0)
+    for s0 in range(s_lo, s_hi, 16):
+        segs = s0 + tl.arange(0, 16)
+        total = tl.zeros([16], dtype=tl.float32)
+        for c0 in range(0, SEG, 16):
+            chunks = c0 + tl.arange(0, 16)
+            inside = (segs < s_hi)[:, None] & (chunks < SEG)[None, :]
+            rows = (segs[:, None] * SEG + chunks[None, :]) * BT + BT - 1
+            total += tl.sum(tl.load(gcum + (i_b * T + rows) * H + i_h, mask=inside, other=0.), 1)
+        worst = tl.maximum(worst, tl.max(tl.where(segs < s_hi, total, float("-inf")), 0))
+    return worst <= LOG_FLOOR
+
+
+@triton.jit
 def load_rows(x, i_b, i_h, T, H, D: tl.constexpr, row0, BC: tl.constexpr, BD: tl.constexpr):
     """Rows row0 .. row0 + BC of head i_h of a [B, T, H, D] tensor, as a (BC, BD) float32 tile
     (zeros past T and D)."""

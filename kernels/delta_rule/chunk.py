@@ -86,19 +86,21 @@ class _Options(NamedTuple):
     overlap_output: str | None = None
     segments: tuple[int, int] | None = None
     bwd_buffers: dict | None = None
+    warmup: bool | None = None
 
 
 _NO_OPTIONS = _Options()
 
 
 def _options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
-             bwd_buffers) -> _Options | None:
+             bwd_buffers, warmup=None) -> _Options | None:
     """The checked options of one call; None when every one is left to the module (the default
     path, unchanged). Raises a one-line ValueError for a value the launchers do not know."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} or None, got {precision!r}")
-    if inverse_by_squaring is not None and not isinstance(inverse_by_squaring, bool):
-        raise ValueError(f"inverse_by_squaring must be True, False or None, got {inverse_by_squaring!r}")
+    for name, switch in (("inverse_by_squaring", inverse_by_squaring), ("warmup", warmup)):
+        if switch is not None and not isinstance(switch, bool):
+            raise ValueError(f"{name} must be True, False or None, got {switch!r}")
     for name, choice in (("fuse_output", fuse_output), ("overlap_output", overlap_output)):
         if choice is not None and choice not in FORCED_CHOICES:
             raise ValueError(f"{name} must be one of {FORCED_CHOICES} or None, got {choice!r}")
@@ -114,7 +116,7 @@ def _options(precision, inverse_by_squaring, fuse_output, overlap_output, segmen
                              f"got {bwd_buffers!r}")
         bwd_buffers = {**BWD_BUFFERS, **bwd_buffers}
     options = _Options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
-                       bwd_buffers)
+                       bwd_buffers, warmup)
     return None if options == _NO_OPTIONS else options
 
 
@@ -158,7 +160,12 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     # the per-chunk states and D: for the output kernel or the backward
     h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
             if backward or not fused else (None, None))
-    overlapped = not fused and _overlaps(cls, NT, backward, opts)
+    # a gated forward by decay warm-ups (`launch_choices`, "Warm-ups"; NT chunks: one segment, not
+    # by warm-ups): before the overlapped launch's rule, after a call's forced overlap_output
+    warmup_chunks = (NT if g is None else
+                     launch_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ())))
+    overlapped = (not fused and _overlaps(cls, NT, backward, opts)
+                  and (opts.overlap_output is not None or warmup_chunks == NT))
     ready = _overlap_counts(B * H, NT, dev) if overlapped else None
     # looping programs where `launch_choices._prep_persistent`, else one program per chunk
     persistent = launch_choices._prep_persistent(cls)
@@ -179,7 +186,8 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                         precision, cls, ready)
         return o, ht, (w, d, gcum, linv, h)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
-                fused_o=(q, o, scale) if fused else None, segments=opts.segments)
+                fused_o=(q, o, scale) if fused else None, segments=opts.segments,
+                warmup_chunks=warmup_chunks)
     if fused:
         return o, ht, (w, d, gcum, linv, h)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (cdiv(V, m["BV"]), NT, B * H),
@@ -190,7 +198,8 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     return o, ht, (w, d, gcum, linv, h)
 
 
-def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options=None):
+def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options=None, gated=False):
+    """The backward; `gated`: the forward had g (its state pass may then go by warm-ups)."""
     opts = options or _NO_OPTIONS
     w, d, gcum, linv, h = saved
     B, T, HQ, K = q.shape
@@ -204,8 +213,13 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options
     buffers = opts.bwd_buffers
     dd = nan_buffer((B, T, H, V), _bwd_dtype("dd", mid, buffers), dev)
     dh_local = nan_buffer((B * H, NT, K, V), _bwd_dtype("dh_local", mid, buffers), dev)
-    dh = (dh_local if _bwd_dtype("dh", mid, buffers) == dh_local.dtype
+    # a gated state pass by warm-ups (`launch_choices`, "Warm-ups") reads dd and dh_local as
+    # `_bwd_local` leaves them: it writes dD and dh elsewhere
+    warmup_chunks = (launch_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ()),
+                                                   backward=True) if gated else NT)
+    dh = (dh_local if _bwd_dtype("dh", mid, buffers) == dh_local.dtype and warmup_chunks == NT
           else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid, buffers), dev))
+    dd_out = dd if warmup_chunks == NT else nan_buffer(dd.shape, dd.dtype, dev)
     dh0 = nan_buffer((B, H, K, V), f32, dev) if initial_state is not None else None
     # grouped heads: each state writes its own share of dq, dk, dv, summed below (float32 shares
     # cost 0.4-0.7 ms more than the sum saves at 8k-16k tokens of 8-16 heads: H100, bf16,
@@ -218,13 +232,14 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options
                   {**_args("_bwd_local_kernel", q, k, d, h, gcum, do, dd, dh_local, dq, ds, dg_local,
                            scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
     _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, (T, H, HQ, K, V), precision, cls,
-                opts.segments)
+                opts.segments, warmup_chunks, dd_out)
     dv = nan_buffer((B, T, H, V), v.dtype, dev)
     dbeta, dg = nan_buffer(beta.shape, beta.dtype, dev), nan_buffer(beta.shape, f32, dev)
     tuning.launch("delta_rule.bwd_chunk", _bwd_chunk_kernel, lambda m: (NT, B * H),
                   _bwd_chunk_configs(cls), cls,
-                  {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd, gcum, linv, h, dh, ds, dg_local,
-                           dk, dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK), "PRECISION": precision})
+                  {**_args("_bwd_chunk_kernel", q, k, v, beta, d, dd_out, gcum, linv, h, dh, ds,
+                           dg_local, dk, dv, dbeta, dg, scale, T, H, HQ, K, V, BT, BK),
+                   "PRECISION": precision})
     if H == 2 * HQ:  # an elementwise add: torch's strided sum over the group ran at ~40% of DRAM
         dq, dk, dv = (x[:, :, :HQ] + x[:, :, HQ:] for x in (dq, dk, dv))
     elif H != HQ:
@@ -247,7 +262,8 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         q, k, v, beta, initial_state, *saved = ctx.saved_tensors
         dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(
             q, k, v, beta, ctx.scale, initial_state, saved, do.contiguous(),
-            None if dht is None else dht.contiguous(), options=ctx.options)
+            None if dht is None else dht.contiguous(), options=ctx.options,
+            gated=ctx.g_dtype is not None)
         dg = None if ctx.g_dtype is None else dg.to(ctx.g_dtype)
         # a gradient per input: one more (None) where the call passed its options
         return (dq, dk, dv, dbeta, dg, None, dh0, None) + ((None,) if ctx.options is not None else ())
@@ -269,6 +285,7 @@ def triton_chunk_delta_rule(
     overlap_output: str | None = None,
     segments: tuple[int, int] | None = None,
     bwd_buffers: dict[str, str] | None = None,
+    warmup: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(Gated) delta rule, chunked, in Triton; differentiable in q, k, v, beta, g, initial_state.
 
@@ -312,6 +329,12 @@ def triton_chunk_delta_rule(
             `MIN_SEGMENT_CHUNKS`, `SEGMENT_FILL`).
         bwd_buffers: the backward's buffer dtypes by name ("dd", "dh_local", "dh"), "mid" (the
             intermediates' dtype) or "f32"; names left out keep `BWD_BUFFERS`'.
+        warmup: a gated call's state passes by segments that each warm their entering state
+            (the backward's: the gradient at their end) up from zeros a few chunks away, where the
+            decay has fallen below exp(`launch_choices.WARMUP_LOG_FLOOR`) (True; `segments` then
+            sizes them), or not (False) (default `launch_choices.WARMUP_FORWARD`,
+            `WARMUP_BACKWARD`). Within the floor when beta |k|^2 is in [0, 2] (unit keys, beta in
+            [0, 1]), exact where the decay stays above it.
     """
     if q.dim() != 4:
         raise ValueError(f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
@@ -337,8 +360,9 @@ def triton_chunk_delta_rule(
     # no options (the default): nothing to check, nothing more on the host per call
     options = (None if precision is None and inverse_by_squaring is None and fuse_output is None
                and overlap_output is None and segments is None and bwd_buffers is None
+               and warmup is None
                else _options(precision, inverse_by_squaring, fuse_output, overlap_output, segments,
-                             bwd_buffers))
+                             bwd_buffers, warmup))
     scale = K ** -0.5 if scale is None else float(scale)
     g_in = None if g is None else g.contiguous()  # None: no decay (the prep's USE_G off)
     h0 = None if initial_state is None else initial_state.float().contiguous()

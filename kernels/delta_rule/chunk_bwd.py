@@ -2,7 +2,8 @@
 
 `_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients, dq, the
     in-chunk score gradient dS and dG's share of the scores.
-`_bwd_state_kernel` (sequential, backwards over chunks): the rest of dD and of the state gradients.
+`_bwd_state_kernel` (sequential, backwards over chunks, or by segments: launch_choices.py): the rest
+    of dD and of the state gradients.
 `_bwd_chunk_kernel` (chunk-parallel): dk, dv, dbeta, dg.
 """
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import (dot, load_tile, rounded, seq_tile, seq_tile_t, state_tile,
-                                store_tile)
+from ltm.kernels.common import (dot, load_tile, rounded, segments_decay_below, seq_tile, seq_tile_t,
+                                state_tile, store_segment_state, store_tile)
 
 
 @triton.jit
@@ -74,7 +75,8 @@ def _bwd_local_kernel(q, k, d, h, gcum, do, dd, dh, dq, ds, dg_local, scale, T, 
 def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, PRECISION: tl.constexpr, SEG,
-                      SEGMENTED: tl.constexpr, MODE: tl.constexpr):
+                      SEGMENTED: tl.constexpr, MODE: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR,
+                      dd_out):
     # no parameter has a default: torch.compile's launch of a user kernel passes exactly the
     # arguments given, and one left to its default broke the compiled backward (H200, torch 2.11)
     # backwards over the chunks: dD += (exp(G_last - G) K) dS, and the gradient of the state
@@ -87,6 +89,10 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
     # segment's own share of the gradient at its start, from a zero gradient at its end); MODE 2
     # starts from the identity with no dO (V = K): its end is the segment's transition transposed,
     # P_s^T (launch_choices.py, "Segments"). Unsegmented (the default) compiles as before.
+    # WARMUP (SEGMENTED, MODE 0; launch_choices.py, "Warm-ups"): each segment warms the gradient
+    # at its end up alone, from zeros a few chunks later, where the decay is below exp(LOG_FLOOR),
+    # reading those chunks' dd and dh_local as `_bwd_local` left them: so dD goes to dd_out and
+    # dh is not dh_local (elsewhere dd_out is dd and is not read)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
@@ -99,9 +105,19 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
     idx = tl.arange(0, BT)
     # (BK, BV): gradient of the state leaving the current chunk
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    edge = 0  # the segment whose start gradient is the initial state's (warm-ups)
     if MODE == 2:
         eye = tl.arange(0, BK)[:, None] == (i_v * BV + tl.arange(0, BV))[None, :]
         b_ds += tl.where(eye, 1., 0.)
+    elif WARMUP:
+        # as the forward's: a head with a segment (after the first; the last's is at most a
+        # segment anyway) decaying above the floor goes exact in one program, the last
+        short = segments_decay_below(gcum, i_b, i_h, T, H, SEG, 1, NS - 1, LOG_FLOOR, BT)
+        t_first = tl.where(short, t_first, tl.where(i_s == NS - 1, 0, NT))
+        t_end = tl.where(short, t_end, NT)
+        edge = tl.where(short, 0, NS - 1)
+        b_ds = _warmed_gradient(k, w, gcum, dd, dh_local, dht, b_ds, i_v, i_b, i_h, i_hq, i_bh,
+                                t_end, T, H, HQ, LOG_FLOOR, K, V, BT, BK, BV, USE_DHT, PRECISION)
     elif USE_DHT:
         p_dht = state_tile(dht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_ds += load_tile(p_dht).to(tl.float32)
@@ -137,11 +153,68 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
             b_dd = load_tile(p_dd).to(tl.float32)
             b_dd += k_decay[:, None] * dot(b_k, b_ds, PRECISION)
             if MODE == 0:
-                store_tile(p_dd, b_dd)
+                if WARMUP:
+                    p_out = seq_tile(dd_out, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+                    store_tile(p_out, b_dd)
+                else:
+                    store_tile(p_dd, b_dd)
             b_ds = b_ds * tl.exp(G_last) + b_local - dot(b_wt, b_dd, PRECISION)
-    if STORE_DH0:
-        p_dh0 = state_tile(dh0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
-        store_tile(p_dh0, b_ds)
+    if STORE_DH0:  # (with warm-ups the first segment's start gradient is the initial state's)
+        store_segment_state(dh0, b_ds, i_bh, i_s, NS, edge, WARMUP, K, V, i_v * BV, BK, BV)
+
+
+@triton.jit
+def _warmup_end(gcum, i_b, i_h, T, H, t_end, LOG_FLOOR, BT: tl.constexpr, NB: tl.constexpr):
+    # the earliest chunk end c >= t_end whose chunks t_end .. c - 1 decay a gradient by at most
+    # exp(LOG_FLOOR) (their G_last summed), or NT where the chunks after t_end never do: the
+    # chunks' G_last read NB at a time, first to last (the last one may be partial)
+    NT = tl.cdiv(T, BT)
+    end = NT + t_end * 0
+    total = tl.sum(tl.zeros([NB], dtype=tl.float32), 0)
+    c = t_end
+    while (c < NT) & (total > LOG_FLOOR):
+        chunks = c + tl.arange(0, NB)
+        inside = chunks < NT
+        rows = tl.minimum(chunks * BT + BT, T) - 1
+        g_last = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=inside, other=0.)
+        head = total + tl.cumsum(g_last, 0)  # the decay from t_end to the end of chunk j
+        found = tl.min(tl.where(inside & (head <= LOG_FLOOR), chunks, NT), 0)
+        end = tl.where(found < NT, found + 1, NT)
+        total = tl.where(found < NT, float("-inf"), total + tl.sum(g_last, 0))  # (as `_warmup_start`)
+        c = c + NB
+    return end
+
+
+@triton.jit
+def _warmed_gradient(k, w, gcum, dd, dh_local, dht, b_ds, i_v, i_b, i_h, i_hq, i_bh, t_end, T, H,
+                     HQ, LOG_FLOOR, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    # the gradient of the state leaving chunk t_end - 1, from zeros at `_warmup_end`'s chunk end:
+    # off by at most exp(LOG_FLOOR) of the gradient there (each chunk's adjoint map is the
+    # transpose of the forward's, of norm <= exp(G_last); launch_choices.py, "Warm-ups"), exact
+    # (from dht) where the decay never gets that low. The chunks' dD are their own segments' to
+    # store: read here, not written
+    NT = tl.cdiv(T, BT)
+    c_end = _warmup_end(gcum, i_b, i_h, T, H, t_end, LOG_FLOOR, BT, 64)
+    if USE_DHT:
+        b_dht = load_tile(state_tile(dht, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)
+        b_ds += tl.where(c_end == NT, b_dht, 0.)
+    idx = tl.arange(0, BT)
+    for j in range(c_end - t_end):
+        i_t = c_end - 1 - j
+        rows = i_t * BT + idx
+        valid = rows < T
+        p_local = state_tile(dh_local, i_bh * NT + i_t, K, V, i_v * BV, BK, BV)
+        b_local = load_tile(p_local).to(tl.float32)
+        b_k = load_tile(seq_tile(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
+        b_wt = load_tile(seq_tile_t(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK))
+        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+        G_last = tl.sum(tl.where(idx == tl.minimum(T - i_t * BT, BT) - 1, b_G, 0.))
+        b_dd = load_tile(seq_tile(dd, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)).to(tl.float32)
+        b_dd += tl.where(valid, tl.exp(G_last - b_G), 0.)[:, None] * dot(b_k, b_ds, PRECISION)
+        b_ds = b_ds * tl.exp(G_last) + b_local - dot(b_wt, b_dd, PRECISION)
+    return b_ds
 
 
 @triton.jit

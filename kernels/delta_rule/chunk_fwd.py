@@ -4,7 +4,8 @@ U per chunk); `chunk.py` launches them and gives the maths.
 `_fwd_kernel` (sequential over chunks): the state entering each chunk and the applied deltas
 D = U - W S0. `_output_kernel` (chunk-parallel): O.
 With segments (launch_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
-transition matrices), `_segment_states_kernel` (sequential over segments), `_fwd_kernel` again.
+transition matrices), `_segment_states_kernel` (sequential over segments), `_fwd_kernel` again;
+or, with decay warm-ups (WARMUP), `_fwd_kernel` once, each segment from zeros a few chunks before.
 `_fwd_overlapped_kernel`: `_fwd_kernel`'s and `_output_kernel`'s work (`_state_pass`, `_output_tile`)
 in one launch, the outputs of each group of chunks computed while the state pass goes on.
 """
@@ -13,7 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ltm.kernels.common import _INTERPRETED, dot, load_tile, seq_tile, seq_tile_t, state_tile, store_tile
+from ltm.kernels.common import (_INTERPRETED, dot, load_tile, segments_decay_below, seq_tile,
+                                seq_tile_t, state_tile, store_segment_state, store_tile)
 
 
 @triton.jit
@@ -21,7 +23,7 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
     # computed afterwards, all chunks in parallel, by `_output_kernel`. SEGMENTED: program
     # (i_v, i_bh, i_s) walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1, from h0[i_bh NS +
@@ -31,9 +33,11 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
     # state is the segment's transition matrix (launch_choices.py, "Segments").
     # FUSE_O: the outputs too, chunk by chunk as the state passes (`_output_kernel`'s maths), so a
     # forward without a backward neither writes nor reads the per-chunk states and D (STORE_HD off)
+    # WARMUP (with SEGMENTED; launch_choices.py, "Warm-ups"): each segment finds its entering state
+    # alone, from zeros a few chunks earlier, where the decay since then is below exp(LOG_FLOOR)
     _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, None, tl.program_id(0), tl.program_id(1),
                 T, H, HQ, SEG, K, V, BT, BK, BV, USE_H0, STORE_HT, STORE_HD, SEGMENTED, TRANSITION,
-                FUSE_O, 0, 1, PRECISION)
+                FUSE_O, 0, 1, PRECISION, WARMUP, LOG_FLOOR)
 
 
 @triton.jit
@@ -41,7 +45,8 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
-                SIGNAL: tl.constexpr, EVERY: tl.constexpr, PRECISION: tl.constexpr):
+                SIGNAL: tl.constexpr, EVERY: tl.constexpr, PRECISION: tl.constexpr,
+                WARMUP: tl.constexpr, LOG_FLOOR):
     # `_fwd_kernel`'s work for value block i_v of state i_bh. (NEGATIVE, not kept: at K = 128 the
     # state as two (64, BV) row halves, D = U - W1 S1 - W2 S2 and each half updated by its own
     # product, was slower: forward 0.278 against 0.263 ms at 2,8192,8,128, 0.770 against 0.674 at
@@ -59,9 +64,20 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         i_s, NS, t_first, t_end = 0, 1, 0, NT
     idx = tl.arange(0, BT)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    edge = NS - 1  # the segment whose end state is the final one (warm-ups)
     if TRANSITION:
         eye = tl.arange(0, BK)[:, None] == (i_v * BV + tl.arange(0, BV))[None, :]
         b_s += tl.where(eye, 1., 0.)
+    elif WARMUP:
+        # a head whose decay over some segment stays above the floor (so a warm-up could grow
+        # past a segment's length, up to the whole prefix) goes exact in one program, the first;
+        # its other segments idle: never slower than the one-segment pass
+        short = segments_decay_below(gcum, i_b, i_h, T, H, SEG, 0, NS - 1, LOG_FLOOR, BT)
+        t_first = tl.where(short, t_first, 0)
+        t_end = tl.where(short, t_end, tl.where(i_s == 0, NT, 0))
+        edge = tl.where(short, NS - 1, 0)
+        b_s = _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H, HQ,
+                            LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION)
     elif USE_H0:
         p_h0 = state_tile(h0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_s += load_tile(p_h0).to(tl.float32)
@@ -106,9 +122,56 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
                           i_t * BT, i_v * BV, BT, BK, BV, PRECISION)
         k_decay = tl.where(valid, tl.exp(G_last - b_G), 0.)
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * k_decay[:, None], PRECISION)
-    if STORE_HT:
-        p_ht = state_tile(ht, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
-        store_tile(p_ht, b_s)
+    if STORE_HT:  # (with warm-ups the last segment's end state is the final state)
+        store_segment_state(ht, b_s, i_bh, i_s, NS, edge, WARMUP, K, V, i_v * BV, BK, BV)
+
+
+@triton.jit
+def _warmup_start(gcum, i_b, i_h, T, H, t_first, LOG_FLOOR, BT: tl.constexpr, NB: tl.constexpr):
+    # the latest chunk c <= t_first whose chunks c .. t_first - 1 decay a state by at most
+    # exp(LOG_FLOOR) (their G_last summed), or 0 where no chunk before t_first does: the chunks'
+    # G_last read NB at a time, last to first (all full chunks: they precede a segment)
+    start = t_first * 0
+    total = tl.sum(tl.zeros([NB], dtype=tl.float32), 0)
+    c = t_first
+    while (c > 0) & (total > LOG_FLOOR):
+        lo = tl.maximum(c - NB, 0)
+        chunks = lo + tl.arange(0, NB)
+        inside = chunks < c
+        g_last = tl.load(gcum + (i_b * T + chunks * BT + BT - 1) * H + i_h, mask=inside, other=0.)
+        tail = total + tl.cumsum(g_last, 0, reverse=True)  # the decay from chunk j to t_first
+        found = tl.max(tl.where(inside & (tail <= LOG_FLOOR), chunks, -1), 0)
+        start = tl.where(found >= 0, found, 0)
+        # (-inf, not LOG_FLOOR - 1: under torch.compile a float argument is float64, and the loop's
+        # float32 total may not change type)
+        total = tl.where(found >= 0, float("-inf"), total + tl.sum(g_last, 0))
+        c = lo
+    return start
+
+
+@triton.jit
+def _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H, HQ, LOG_FLOOR,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, USE_H0: tl.constexpr, PRECISION: tl.constexpr):
+    # the state entering chunk t_first, from zeros at `_warmup_start`'s chunk: off from the true
+    # one by at most exp(LOG_FLOOR) times the state there, for each chunk's map S -> exp(G_last)
+    # (I - (exp(G_last - G) K)^T W) S has norm <= exp(G_last) when every token's I - beta k k^T
+    # does not grow a state (beta |k|^2 in [0, 2]: unit keys, beta in [0, 1]). Exact (from h0)
+    # where the decay never gets that low: the warm-up then starts at chunk 0
+    t_warm = _warmup_start(gcum, i_b, i_h, T, H, t_first, LOG_FLOOR, BT, 64)
+    if USE_H0:
+        b_h0 = load_tile(state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)
+        b_s += tl.where(t_warm == 0, b_h0, 0.)
+    idx = tl.arange(0, BT)
+    for i_t in range(t_warm, t_first):  # full chunks: they precede t_first
+        b_kt = load_tile(seq_tile_t(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
+        b_w = load_tile(seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK))
+        b_u = load_tile(seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
+        b_G = tl.load(gcum + (i_b * T + i_t * BT + idx) * H + i_h)
+        G_last = tl.sum(tl.where(idx == BT - 1, b_G, 0.))
+        b_d = b_u - dot(b_w, b_s, PRECISION)
+        b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * tl.exp(G_last - b_G)[:, None], PRECISION)
+    return b_s
 
 
 @triton.jit
@@ -223,7 +286,7 @@ def _fwd_overlapped_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, T, H
     if ticket < NV * BH:
         _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, ticket % NV, ticket // NV,
                     T, H, HQ, NT, K, V, BT, BK, BV, USE_H0, STORE_HT, True, False, False, False,
-                    LANES, EVERY, PRECISION)
+                    LANES, EVERY, PRECISION, False, 0.)
     else:
         NVO = tl.cdiv(V, BVO)
         job = ticket - NV * BH

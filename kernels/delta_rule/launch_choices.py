@@ -231,6 +231,74 @@ MIN_SEGMENT_CHUNKS = 8
 SEGMENT_FILL = 2
 
 
+# Warm-ups (gated calls, forward and backward): segments as above, but each finds the state entering
+# it alone, from zeros at the latest earlier chunk from which the chunks' decays multiply to at most
+# exp(WARMUP_LOG_FLOOR) (`chunk_fwd._warmed_state`): one pass, no transitions, no combine, and per
+# segment only the few chunks the decay needs (a chunk of 64 tokens at a log decay of -0.5 a token
+# is one), or the whole prefix from the initial state (exact) where it never decays that far. Each
+# chunk's map of the entering state has norm at most exp(G_last) when beta |k|^2 is in [0, 2] (unit
+# keys, beta in [0, 1], as the layers feed it), so the entering state is off by at most exp(floor)
+# of the state's size where the warm-up starts: below the tiles' rounding (FlashQLA's forward splits
+# long sequences the same way, at a log decay of -10). The backward's segments warm the gradient at
+# their end up from the chunks after them alike. The floor per tile precision: bf16 and tf32 tiles
+# round to 4e-3 and 5e-4, float32 ones to 6e-8 (exp(-17)). A head where some segment's own decay
+# stays above the floor (a warm-up could then run past a segment, up to the whole prefix) runs its
+# pass exact in one program while that head's other segments idle (`common.segments_decay_below`):
+# such heads cost what the one-segment pass does, not more (H100, 2026-12-07, 1,32768,8,128 at
+# 1e-4 of the usual decays: the whole-prefix warm-ups took 1.39 ms forward against 0.81 exact).
+WARMUP_FORWARD = True
+# the backward's state pass likewise: each segment warms the gradient at its end up from zeros a
+# few chunks later (`chunk_bwd._warmed_gradient`; the adjoint maps are the transposes)
+WARMUP_BACKWARD = True
+MIN_WARMUP_CHUNKS = 4
+WARMUP_FILL = 2
+WARMUP_LOG_FLOOR = {"bf16": -10.0, "tf32": -10.0, "tf32x3": -17.0, "ieee": -17.0}
+
+
+# the warm-ups' launches with 64-wide value blocks first (bf16 tiles, V >= 64), their segments
+# counted in those programs: the segments give the parallelism a narrow block gave, and each
+# program loads a chunk's (BT, K) key and W tiles once for twice the columns (NOT MEASURED yet:
+# at 1,32768,8,128 the 16-wide default of few-program classes split 8 ways took 0.571 ms forward,
+# 8 ways or 16 alike, as if bound by those loads; H100, 2026-12-07)
+WARMUP_WIDE = True
+
+
+def _warmup_configs(shape_class: tuple) -> tuple:
+    """`_fwd_kernel`'s and `_bwd_state_kernel`'s launches by warm-ups: `_sequential_configs`, with
+    4 warps, 3 stages and 64-wide value blocks first where WARMUP_WIDE and the tiles are bf16 and
+    V >= 64 (a launch `_sequential_configs` lists where programs are many)."""
+    return _warmup_config_list(shape_class, WARMUP_WIDE)
+
+
+@tuning.per_class  # (built once per class and switch: this runs twice a call, on the host)
+def _warmup_config_list(shape_class: tuple, wide: bool) -> list:
+    configs = list(_sequential_configs(shape_class))
+    V, precision = shape_class[1], shape_class[2]
+    if wide and precision == "bf16" and V >= 64:
+        first = tuning.config(4, 3, BV=64)
+        configs = [first] + [c for c in configs if str(c) != str(first)]
+    return configs
+
+
+def _warmup_chunks(shape_class: tuple, NT: int, on: bool | None = None,
+                   min_chunks: int | None = None, fill: int | None = None,
+                   backward: bool = False) -> int:
+    """Chunks per segment of a gated forward's (`backward`: backward's) state pass by warm-ups;
+    NT (one segment) unless WARMUP_FORWARD (WARMUP_BACKWARD; `on`: one call's choice), then as
+    many segments as bring the programs (of `_warmup_configs`' first value block) to about
+    WARMUP_FILL times the SMs, each at least MIN_WARMUP_CHUNKS long, where that is two or more (one
+    call's `segments` give min_chunks, 0: off, and fill). Unlike exact segments, programs as many as the SMs may
+    still split: a warm-up costs a few chunks, not the pass again."""
+    default = WARMUP_BACKWARD if backward else WARMUP_FORWARD
+    min_chunks = MIN_WARMUP_CHUNKS if min_chunks is None else min_chunks
+    if not (default if on is None else on) or min_chunks < 1:
+        return NT
+    fill = WARMUP_FILL if fill is None else fill
+    programs = shape_class[4] * cdiv(shape_class[1], _warmup_configs(shape_class)[0].kwargs["BV"])
+    segments = min(fill * shape_class[-1] // programs, NT // min_chunks)
+    return NT if segments < 2 else cdiv(NT, segments)
+
+
 def _segment_chunks(shape_class: tuple, NT: int, min_chunks: int | None = None,
                     fill: int | None = None, backward: bool = False) -> int:
     """Chunks per segment of the forward's (`backward`: the backward's) state pass; NT (one

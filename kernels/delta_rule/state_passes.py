@@ -1,7 +1,8 @@
 """The sequential state passes of the chunked (gated) delta rule and their launches, forward and
-backward, in one sequential kernel or by segments (`launch_choices`, "Segments"), and the forward's
-state pass overlapped with the outputs; `chunk.py` runs them between its chunk-parallel kernels
-and gives the maths. The kernels are in `chunk_fwd.py` and `chunk_bwd.py`.
+backward, in one sequential kernel or by segments (`launch_choices`, "Segments"; gated calls also
+by decay warm-ups, "Warm-ups"), and the forward's state pass overlapped with the outputs;
+`chunk.py` runs them between its chunk-parallel kernels and gives the maths. The kernels are in
+`chunk_fwd.py` and `chunk_bwd.py`.
 """
 from __future__ import annotations
 
@@ -29,21 +30,37 @@ def _args(kernel: str, *values) -> dict:
     return dict(zip(_ARG_NAMES[kernel], values))
 
 
-def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None):
+def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None,
+                warmup_chunks=None):
     """The forward's state pass: the state entering each chunk into h, D into d, the final state
     into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
-    "Segments": off by default; `segments`: one call's (min_chunks, fill)). fused_o = (q, o,
-    scale): the outputs into o in the same pass (one segment only); h and d may then be None (not
-    stored)."""
+    "Segments": off by default; `segments`: one call's (min_chunks, fill)), or by segments of
+    `warmup_chunks` chunks that each warm their entering state up from zeros (`launch_choices`,
+    "Warm-ups": gated calls only). fused_o = (q, o, scale): the outputs into o in the same pass
+    (one segment, or warm-ups); h and d may then be None (not stored)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
     NT = cdiv(T, BT)
+    q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
+    common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H,
+              "HQ": HQ, "K": K, "BT": BT, "BK": BK, "PRECISION": precision, "WARMUP": False,
+              "LOG_FLOOR": 0.}
+    if warmup_chunks is not None and warmup_chunks < NT:
+        name, configs = (
+            ("delta_rule.fwd_warmup_output", launch_choices._fused_output_configs(cls))
+            if fused_o is not None else ("delta_rule.fwd_warmup", launch_choices._warmup_configs(cls)))
+        tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
+                      configs, cls,
+                      {**common, "u": u, "h": h, "d": d, "h0": h0, "ht": ht, "SEG": warmup_chunks,
+                       "V": V, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
+                       "STORE_HD": h is not None, "SEGMENTED": True, "TRANSITION": False,
+                       "FUSE_O": fused_o is not None, "WARMUP": True,
+                       "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision]})
+        return
     seg = (NT if fused_o is not None else launch_choices._segment_chunks(cls, NT) if segments is None
            else launch_choices._segment_chunks(cls, NT, *segments))
     NS = cdiv(NT, seg)
-    q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
-    common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H, "HQ": HQ,
-              "SEG": seg, "K": K, "BT": BT, "BK": BK, "PRECISION": precision}
+    common["SEG"] = seg
     pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": h is not None, "SEGMENTED": NS > 1,
                    "TRANSITION": False, "FUSE_O": fused_o is not None}
     if NS > 1:
@@ -99,21 +116,35 @@ def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
     return torch.empty(1 + BH * NT, dtype=torch.int32, device=device)
 
 
-def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, segments=None):
+def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, segments=None,
+                warmup_chunks=None, dd_out=None):
     """The backward's state pass (it adds to dd and may write dh over dh_local: tuning restores
     them after each timed run): one sequential kernel, or by segments (`launch_choices`,
     "Segments"; `segments`: one call's (min_chunks, fill)): (1) every segment in parallel from a
     zero gradient at its end (its own share at its start) and, from the identity with no dO, its
     transition transposed; (2) `_segment_states_kernel` backwards over the segments for the
-    gradient at each segment's end; (3) every segment in parallel from it, storing dD and dh."""
+    gradient at each segment's end; (3) every segment in parallel from it, storing dD and dh.
+    Or by segments of `warmup_chunks` chunks that each warm the gradient at their end up from zeros
+    (`launch_choices`, "Warm-ups": gated calls only), in one launch; dD then goes to dd_out, and
+    dh must not be dh_local (the warm-ups read the later segments' dd and dh_local)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
     NT = cdiv(T, BT)
+    common = {**_args("_bwd_state_kernel", k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K, V,
+                      BT, BK),
+              "PRECISION": precision, "WARMUP": False, "LOG_FLOOR": 0., "dd_out": dd}
+    if warmup_chunks is not None and warmup_chunks < NT:
+        assert dd_out is not None and dh is not dh_local, "warm-ups read dd and dh_local as left"
+        tuning.launch("delta_rule.bwd_warmup", _bwd_state_kernel,
+                      lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
+                      launch_choices._warmup_configs(cls), cls,
+                      {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
+                       "SEG": warmup_chunks, "SEGMENTED": True, "MODE": 0, "WARMUP": True,
+                       "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out})
+        return
     seg = (launch_choices._segment_chunks(cls, NT, backward=True) if segments is None
            else launch_choices._segment_chunks(cls, NT, *segments))
     NS = cdiv(NT, seg)
-    common = {**_args("_bwd_state_kernel", k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K, V,
-                      BT, BK), "PRECISION": precision}
     if NS == 1:
         tuning.launch("delta_rule.bwd_state", _bwd_state_kernel, lambda m: (cdiv(V, m["BV"]), BH),
                       _sequential_configs(cls), cls,

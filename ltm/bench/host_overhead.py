@@ -6,6 +6,7 @@
         [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
         [--fused-output none inference both]  # which forwards fuse the outputs
         [--overlapped-output none inference both]  # ... overlap them with the state pass
+        [--warmup default off on]  # ... the gated forward's segments by decay warm-ups
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -77,16 +78,18 @@ def measure(step: Callable[[], object]) -> dict:
     return row
 
 
-def launch_options(segments: int, fill: int, fused: str, overlap: str) -> dict:
+def launch_options(segments: int, fill: int, fused: str, overlap: str, warmup: str = "default") -> dict:
     """Our delta rule's launch options for one run (`triton_chunk_delta_rule`'s keywords):
     the state passes (forward and backward) by segments of at least `segments` chunks (0: off), as many as bring
     the programs to about `fill` times the SM count; which forwards take the outputs out of the
     state pass (`fused`) and which run the state pass and the outputs in one launch (`overlap`):
-    "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape."""
+    "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape; the
+    gated forward's segments by decay warm-ups (`warmup`: "default", "off" or "on")."""
     # 0: off, the module's own default, so that a default run passes no options at all
     return {"segments": (segments, fill) if segments else None,
             "fuse_output": None if fused == "default" else fused,
-            "overlap_output": None if overlap == "default" else overlap}
+            "overlap_output": None if overlap == "default" else overlap,
+            "warmup": {"default": None, "off": False, "on": True}[warmup]}
 
 
 def ours_with(options: dict) -> Callable[[dict], torch.Tensor]:
@@ -96,13 +99,13 @@ def ours_with(options: dict) -> Callable[[dict], torch.Tensor]:
     return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x.get("g"), **options)[0]
 
 
-def runs_of(impl: str, args: argparse.Namespace) -> list[tuple[int, int, str, str]]:
-    """(segments, segment fill, fused output, overlapped output) of each run of one
+def runs_of(impl: str, args: argparse.Namespace) -> list[tuple[int, int, str, str, str]]:
+    """(segments, segment fill, fused output, overlapped output, warm-ups) of each run of one
     implementation: every combination asked for ours, the defaults for fla."""
     if impl != "triton":
-        return [(0, 2, "default", "default")]
-    return [(n, f, fo, ov) for n in args.segments for f in (args.segment_fill if n else [2])
-            for fo in args.fused_output for ov in args.overlapped_output]
+        return [(0, 2, "default", "default", "default")]
+    return [(n, f, fo, ov, wu) for n in args.segments for f in (args.segment_fill if n else [2])
+            for fo in args.fused_output for ov in args.overlapped_output for wu in args.warmup]
 
 
 def shape_rows(op: str, text: str, args: argparse.Namespace, ceilings: dict,
@@ -115,19 +118,20 @@ def shape_rows(op: str, text: str, args: argparse.Namespace, ceilings: dict,
     for name, fn in implementations(op, device).items():
         if name not in args.impls.split(","):
             continue
-        for (segments, fill, fused, overlap), backward in itertools.product(runs_of(name, args),
-                                                                           (False, True)):
+        for (segments, fill, fused, overlap, warmup), backward in itertools.product(
+                runs_of(name, args), (False, True)):
             floor = floor_ms(op, *shape, 2, backward, ceilings)
             # the options are the delta rule's: RWKV-7 runs as it is
-            run = (ours_with(launch_options(segments, fill, fused, overlap))
+            run = (ours_with(launch_options(segments, fill, fused, overlap, warmup))
                    if name == "triton" and op != "rwkv7" else fn)
             timings = measure(pass_fn(run, x, backward))
             row = {"op": op, "shape": list(shape), "impl": name, "segments": segments,
                    "segment_fill": fill, "fused_output": fused, "overlapped_output": overlap,
+                   "warmup": warmup,
                    "pass": "fb" if backward else "fwd", "floor_ms": floor, **timings}
             row["bench_floor"], row["graph_floor"] = row["bench_ms"] / floor, row["graph_ms"] / floor
             print(f"{op:17s} {text:14s} {name:6s} seg {segments:<2d}/{fill} fo {fused:9s} "
-                  f"ov {overlap:9s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
+                  f"ov {overlap:9s} wu {warmup:7s} {row['pass']:3s} bench {row['bench_ms']:.3f} "
                   f"graph {row['graph_ms']:.3f} kernels {row['kernel_ms']:.3f} host "
                   f"{row['host_ms']:.3f} ms; floor x{row['bench_floor']:.1f} (graph "
                   f"x{row['graph_floor']:.1f})", flush=True)
@@ -150,6 +154,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--overlapped-output", nargs="+", default=["default"], choices=OUTPUT_CHOICES,
                         help="ours: which forwards run the state pass and the outputs in one launch, "
                              "forced (default: launch_choices._overlaps_output's rule), one run each")
+    parser.add_argument("--warmup", nargs="+", default=["default"], choices=["default", "off", "on"],
+                        help="ours: the gated forward's segments by decay warm-ups, forced "
+                             "(default: launch_choices.WARMUP_FORWARD's rule), one run each")
     parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
                         help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
     return parser.parse_args(argv)

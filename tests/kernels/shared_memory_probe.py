@@ -116,6 +116,13 @@ def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[
                                                   options=segmented)
         delta_rule._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
                                    torch.randn_like(ht), options=segmented)
+        # the state passes by decay warm-ups (where few programs run; forced here), and the
+        # forward without a backward to follow
+        warm = delta_rule._Options(segments=(1, 8), warmup=True)
+        o, ht, saved = delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, options=warm)
+        delta_rule._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
+                                   torch.randn_like(ht), options=warm, gated=True)
+        delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, backward=False, options=warm)
         # the forward without a backward: the state pass with the outputs fused in (forced: the
         # launcher's rule takes it only where programs are many)
         fuses, delta_rule.launch_choices._fuses_output = delta_rule.launch_choices._fuses_output, lambda *a: True

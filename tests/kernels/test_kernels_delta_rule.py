@@ -10,7 +10,8 @@ from reference import (DEVICE, DTYPES, ON_GPU, TOLERANCE, assert_matches_referen
                        case_seed, rel_err)
 
 # (B, T, H, K, V, decay, initial state): T = 1, T < chunk, T = chunk, odd T over several chunks;
-# decay "none" (g=None), "weak" (g in [-0.05, 0]) or "strong" (g in [-10, 0] per token)
+# decay "none" (g=None), "weak" (g in [-0.05, 0]), "medium" (g in [-0.25, 0]: about -8 a chunk)
+# or "strong" (g in [-10, 0] per token); "mixed": medium, weak in the first head
 CASES = [
     (1, 1, 1, 32, 32, "weak", True),
     (2, 37, 3, 32, 32, "none", False),
@@ -44,8 +45,10 @@ def make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed):
     k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
     v = torch.randn(B, T, H, V, generator=gen)
     beta = torch.rand(B, T, H, generator=gen)
-    low = {"weak": 0.05, "strong": 10.0}.get(decay)
+    low = {"weak": 0.05, "medium": 0.25, "strong": 10.0, "mixed": 0.25}.get(decay)
     g = None if low is None else -low * torch.rand(B, T, H, generator=gen)
+    if decay == "mixed":  # medium decay, but weak (1/5 of it) in the first head
+        g[:, :, 0] *= 0.2
     h0 = torch.randn(B, H, K, V, generator=gen) if with_h0 else None
     xs = [q.to(dtype), k.to(dtype), v.to(dtype), beta.to(dtype), g, h0]
     return [None if x is None else x.to(DEVICE).requires_grad_() for x in xs]
@@ -296,6 +299,20 @@ def test_grouped_heads_match_the_token_loop_on_repeated_heads(B, T, HQ, D, group
                              grad_bounds={"g": DG_HALF_BOUND} if dtype != torch.float32 else None)
 
 
+def test_grouped_heads_by_warmups_match_the_token_loop(monkeypatch):
+    # both state passes by warm-ups in segments of 3 and 2 chunks ("medium" decay: three chunks
+    # each), two states per head of q, k, v, against the float64 loop on the repeated heads
+    from ltm.kernels.delta_rule import launch_choices
+    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+    launched = spy_on_launches(monkeypatch)
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(1, 4 * CHUNK + 9, 4, 32, 32, "medium", True, torch.float32, seed)
+    xs = [x.detach()[:, :, :2].clone().requires_grad_() for x in (q, k, v)] + [beta, g, h0]
+    assert_matches_reference(triton_chunk_delta_rule, _repeated_heads(2), xs,
+                             ("q", "k", "v", "beta", "g", "initial_state"), seed, *TOLERANCE[torch.float32])
+    assert {"delta_rule.fwd_warmup", "delta_rule.bwd_warmup"} <= set(launched)
+
+
 def test_grouped_heads_equal_the_stacked_copies_in_float32():
     # same kernels, same order of operations: the forward to the bit, the gradients to rounding
     # (each repeat's dq, dk, dv summed in float32 in both)
@@ -319,6 +336,50 @@ def test_grouped_heads_need_a_multiple_of_the_heads():
     with pytest.raises(ValueError, match=r"^g must be \[B, T, H\] = \(1, 4, 4\) like beta"):
         triton_chunk_delta_rule(q, q, q, torch.zeros(1, 4, 4, device=DEVICE),
                                 torch.zeros(1, 4, 2, device=DEVICE))
+
+
+# the gated state passes by warm-ups (`launch_choices.WARMUP_FORWARD`, `WARMUP_BACKWARD`), in
+# segments of at least two chunks: 7 chunks in segments of 3, 3 and 1, 4 in two of 2. "strong"
+# decay warms up over one chunk, "medium" (-8 a chunk) over two (bf16 tiles, floor -10) or three
+# (float32, -17; from the initial state at chunk 0 for the second segment), except in segments of
+# 2 at float32 (-16 each: the head goes exact in one program), as "weak" does everywhere
+WARMUP_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, decay, True) for decay in ("strong", "medium", "weak")]
+WARMUP_CASES += [(2, 3 * CHUNK + 1, 1, 32, 48, "medium", False), (1, 6 * CHUNK + 5, 2, 64, 64, "mixed", True)]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("B,T,H,K,V,decay,with_h0", WARMUP_CASES,
+                         ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in WARMUP_CASES])
+def test_state_passes_by_warmups_match_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0,
+                                                     dtype):
+    from ltm.kernels.delta_rule import launch_choices
+    for switch in ("WARMUP_FORWARD", "WARMUP_BACKWARD"):
+        monkeypatch.setattr(launch_choices, switch, True)
+    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
+    assert {"delta_rule.fwd_warmup", "delta_rule.bwd_warmup"} <= set(launched)
+    assert not {"delta_rule.fwd", "delta_rule.bwd_state"} & set(launched)
+
+
+def test_warmups_cut_the_past_at_the_floor(monkeypatch):
+    # a floor of -2 (a decay of 0.14) lets "weak" decay (about -1.6 a chunk) warm up from two
+    # chunks (segments of 3: the second from chunk 1): the outputs then differ from the exact
+    # pass's beyond float32 rounding, by less than the floor allows; ungated calls never warm up
+    # (nothing decays: each segment would redo the whole prefix)
+    from ltm.kernels.delta_rule import launch_choices
+    seed = case_seed()
+    q, k, v, beta, g, h0 = make_inputs(1, 4 * CHUNK + 3, 2, 32, 32, "weak", True, torch.float32, seed)
+    exact, _ = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, warmup=False)
+    monkeypatch.setattr(launch_choices, "WARMUP_LOG_FLOOR", dict.fromkeys(launch_choices.WARMUP_LOG_FLOOR, -2.))
+    cut, _ = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, warmup=True, segments=(2, 8))
+    assert 1e-4 < rel_err(cut, exact) < 0.2, f"seed={seed}"
+    # in segments of one chunk each decays by less than the floor: the head goes exact
+    whole, _ = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, warmup=True, segments=(1, 8))
+    assert rel_err(whole, exact) < 1e-6, f"seed={seed}"
+    launched = spy_on_launches(monkeypatch)
+    triton_chunk_delta_rule(q, k, v, beta, None, initial_state=h0, warmup=True, segments=(1, 8))
+    assert "delta_rule.fwd_warmup" not in launched
 
 
 # the state passes by segments (`launch_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`), one

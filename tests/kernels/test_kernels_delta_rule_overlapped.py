@@ -28,6 +28,13 @@ if ON_GPU:
 IDS = [f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES]
 
 
+@pytest.fixture(autouse=True)
+def exact_state_pass(monkeypatch):
+    """The gated forward's segments by warm-ups off (test_kernels_delta_rule.py checks them): the
+    overlapped forward is compared with the one-pass forward, bit for bit where both run."""
+    monkeypatch.setattr(launch_choices, "WARMUP_FORWARD", False)
+
+
 @pytest.fixture
 def overlapped(monkeypatch):
     """The overlapped forward forced on (two chunks or more), for both kinds of forward."""

@@ -45,6 +45,38 @@ def test_segments_only_where_programs_leave_sms_idle(monkeypatch):
     assert choices._segment_chunks(few, 2 * choices.MIN_SEGMENT_CHUNKS - 1) == 2 * choices.MIN_SEGMENT_CHUNKS - 1
 
 
+def test_warmups_only_where_programs_leave_sms_idle(monkeypatch):
+    few = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)  # 8 programs of 64 columns
+    many = choices._shape_class(16, 2048, 16, 128, 128, "bf16", None)  # 512
+    sms = choices.DEFAULT_SM_COUNT
+    monkeypatch.setattr(choices, "WARMUP_FORWARD", True)
+    assert choices._warmup_chunks(many, 32) == 32
+    seg = choices._warmup_chunks(few, 128)
+    assert choices.MIN_WARMUP_CHUNKS <= seg < 128
+    assert 8 * triton.cdiv(128, seg) <= choices.WARMUP_FILL * sms + 8
+    # a call's own choice and sizes, and too short a sequence to split
+    assert choices._warmup_chunks(few, 128, False) == 128
+    assert choices._warmup_chunks(few, 128, True, 64, 8) == 64
+    assert choices._warmup_chunks(few, 2 * choices.MIN_WARMUP_CHUNKS - 1) == 2 * choices.MIN_WARMUP_CHUNKS - 1
+    # programs a little over the SMs still split where the fill asks for two segments or more:
+    # B H 36 is the class of 64, 128 programs of 64 columns
+    over = choices._shape_class(3, 5000, 12, 128, 128, "bf16", None)
+    assert choices._warmup_chunks(over, 79, True, 4, 8) == triton.cdiv(79, 8 * sms // 128)
+    assert choices._warmup_chunks(over, 79, True, 4, 2) == triton.cdiv(79, 2 * sms // 128)
+    assert choices._warmup_chunks(over, 79, True, 4, 1) == 79
+    assert choices._warmup_chunks(few, 128, True, 0, 2) == 128  # min_chunks 0: off
+    # 32-wide programs without WARMUP_WIDE: twice as many, half the segments
+    monkeypatch.setattr(choices, "WARMUP_WIDE", False)
+    assert choices._warmup_chunks(over, 79, True, 4, 2) == 79
+    monkeypatch.setattr(choices, "WARMUP_WIDE", True)
+    monkeypatch.setattr(choices, "WARMUP_FORWARD", False)
+    assert choices._warmup_chunks(few, 128) == 128
+    assert choices._warmup_chunks(few, 128, True) == seg
+    # floors for every tile precision, below each one's rounding
+    assert set(choices.WARMUP_LOG_FLOOR) == {"bf16", "tf32", "tf32x3", "ieee"}
+    assert choices.WARMUP_LOG_FLOOR["ieee"] <= -16 and choices.WARMUP_LOG_FLOOR["bf16"] <= -8
+
+
 def test_the_default_rule_fuses_where_programs_are_many(monkeypatch):
     # without forcing: a forward without a backward at many programs (bf16) takes the fused pass,
     # one at few programs or with a backward does not (launch_choices' rule, on a CPU's assumed
@@ -88,3 +120,18 @@ def test_prep_loops_over_chunks_with_bf16_tiles_only(monkeypatch):
     assert not choices._prep_persistent(bf16)
     # the list is cached per class, yet follows the switch: one program per chunk, 1 stage at K = 128
     assert choices._prep_configs(bf16)[0].num_stages == 1
+
+
+def test_warmup_launches_take_64_wide_value_blocks_first_where_bf16_tiles_allow(monkeypatch):
+    # the wide block first, once, before the state pass's own list; other tiles and narrow heads
+    # keep that list as it is
+    wide = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)
+    configs = choices._warmup_configs(wide)
+    assert configs[0].kwargs["BV"] == 64 and (configs[0].num_warps, configs[0].num_stages) == (4, 3)
+    assert len({str(c) for c in configs}) == len(configs)
+    assert {str(c) for c in configs[1:]} <= {str(c) for c in choices._sequential_configs(wide)}
+    for other in (choices._shape_class(1, 8192, 4, 128, 128, "tf32x3", None),
+                  choices._shape_class(1, 8192, 4, 64, 32, "bf16", None)):
+        assert [str(c) for c in choices._warmup_configs(other)] == [str(c) for c in choices._sequential_configs(other)]
+    monkeypatch.setattr(choices, "WARMUP_WIDE", False)
+    assert [str(c) for c in choices._warmup_configs(wide)] == [str(c) for c in choices._sequential_configs(wide)]

@@ -81,16 +81,21 @@ SWITCHES = {
     "segments": ({"segments": (2, 4)},
                  lambda mp: [mp.setattr(launch_choices, name, value) for name, value in
                              (("SEGMENTED_FORWARD", True), ("SEGMENTED_BACKWARD", True),
-                              ("MIN_SEGMENT_CHUNKS", 2), ("SEGMENT_FILL", 4))]),
+                              ("MIN_SEGMENT_CHUNKS", 2), ("SEGMENT_FILL", 4),
+                              ("MIN_WARMUP_CHUNKS", 2), ("WARMUP_FILL", 4))]),  # gated: warm-ups
+    "warmup": ({"warmup": False},
+               lambda mp: [mp.setattr(launch_choices, name, False)
+                           for name in ("WARMUP_FORWARD", "WARMUP_BACKWARD")]),
 }
 
 
 @pytest.mark.parametrize("switch", sorted(SWITCHES))
 def test_each_option_launches_and_computes_what_its_patched_switch_did(monkeypatch, switch):
     # bf16 tiles (K = 64) so that every option has a path to change, few programs, a masked last
-    # chunk; 5 chunks for the segments (of 3 chunks with (2, 4)), 2 for the rest
+    # chunk; 5 chunks for the segments (of 3 chunks with (2, 4)), 9 for the warm-ups (2 segments
+    # of at least MIN_WARMUP_CHUNKS), 2 for the rest
     options, patch = SWITCHES[switch]
-    T = (4 if switch == "segments" else 1) * CHUNK + 7
+    T = {"segments": 4, "warmup": 8}.get(switch, 1) * CHUNK + 7
     xs = make_inputs(1, T, 2, 64, 64, "strong", True, torch.bfloat16, case_seed())
     default_launched, default = default_launches(monkeypatch, xs)
     launched = spy_on_launches(monkeypatch)
@@ -118,7 +123,7 @@ def test_options_naming_the_defaults_change_nothing(monkeypatch):
     # at 4 programs on the CPU's assumed 132 SMs the rules fuse and overlap nothing
     named = run_delta_rule(xs, precision="bf16", inverse_by_squaring=True, fuse_output="none",
                            overlap_output="none", segments=(0, 2),
-                           bwd_buffers=dict(delta_rule_chunk.BWD_BUFFERS))
+                           bwd_buffers=dict(delta_rule_chunk.BWD_BUFFERS), warmup=True)
     assert launched == ran
     for a, b in zip(default, named):
         assert torch.equal(a, b)
@@ -133,6 +138,7 @@ def test_options_naming_the_defaults_change_nothing(monkeypatch):
     ({"segments": (8, 0)}, "segments must be"),
     ({"bwd_buffers": {"dq": "f32"}}, "bwd_buffers must map"),
     ({"bwd_buffers": {"dd": "bf16"}}, "bwd_buffers must map"),
+    ({"warmup": "on"}, "warmup must be True, False or None"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(x))
 def test_unknown_option_values_raise_one_line_errors(options, message):
     q = torch.randn(1, 8, 1, 32, device=DEVICE)
