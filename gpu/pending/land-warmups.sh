@@ -44,7 +44,8 @@ if [ ! -e "$STATE/tests" ] && [ ! -e "$STATE/tests-failed" ] && [ "$(left)" -gt 
   timeout $(($(left) - 20)) python3 -m pytest -q -n 12 -p no:warnings -p no:cacheprovider \
     tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
     tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
-    tests/kernels/test_kernels_delta_rule_fused_output.py > "$OUT_DIR/tests.log" 2>&1
+    tests/kernels/test_kernels_delta_rule_fused_output.py tests/kernels/test_kernels_titans_deep.py \
+    > "$OUT_DIR/tests.log" 2>&1
   rc=$?
   log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
@@ -63,6 +64,22 @@ if { [ -e "$STATE/check" ] || [ -e "$STATE/tests-failed" ]; } && [ ! -e "$STATE/
   # keeps what it measured)
   sweep sweep "1,32768,8,128;4,4096,16,128;3,5000,12,128;1,32768,8,128w;8,2048,8,128;2,8192,8,128" \
     off,on2,on4n,on2:b64w8s2,on4,on2n,on4:b64w8s2
+fi
+# the deep Titans memory (titans-deep-bwd-two-loops.patch, in the same commit) beside its kernel
+# before the patch (gpu/pending/deep_bwd_before.py, in a copy of the tree), one process each
+if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ ! -e "$STATE/titans" ] && [ "$(left)" -gt 150 ] \
+   && [ -e gpu/pending/deep_bwd_before.py ]; then
+  rm -rf /tmp/before && mkdir -p /tmp/before && cp -r ltm kernels /tmp/before/
+  cp gpu/pending/deep_bwd_before.py /tmp/before/kernels/titans/deep_bwd.py
+  ok=1
+  for tree in "$PWD" /tmp/before; do
+    name=$([ "$tree" = "$PWD" ] && echo after || echo before)
+    (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout $(($(left) - 10)) python3 -m ltm.bench.titans_depths \
+      --depths 2 --kernels triton --shapes 8,2048,12,64 2,8192,12,64 \
+      --out "$OUT_DIR/titans-$name.json") 2>&1 | tail -8 | tee -a "$OUT_DIR/log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || ok=0
+  done
+  [ $ok -eq 1 ] && touch "$STATE/titans"
 fi
 # FlashQLA in the same process as ours, where fla, flash-qla and tilelang are installed (TileLang
 # compiles each new shape for minutes: two shapes)
