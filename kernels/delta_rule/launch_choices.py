@@ -257,10 +257,13 @@ WARMUP_LOG_FLOOR = {"bf16": -10.0, "tf32": -10.0, "tf32x3": -17.0, "ieee": -17.0
 
 # the warm-ups' launches with 64-wide value blocks first (bf16 tiles, V >= 64), their segments
 # counted in those programs: the segments give the parallelism a narrow block gave, and each
-# program loads a chunk's (BT, K) key and W tiles once for twice the columns (NOT MEASURED yet:
-# at 1,32768,8,128 the 16-wide default of few-program classes split 8 ways took 0.571 ms forward,
-# 8 ways or 16 alike, as if bound by those loads; H100, 2026-12-07)
-WARMUP_WIDE = True
+# program loads a chunk's (BT, K) key and W tiles once for twice the columns. OFF: on an H100
+# (9bc9dca, 2026-12-07, records/lab/warmup-sweep-h100-2026-12-07-9bc9dca.json) it took 1,32768,8,128
+# from 0.584 / 1.910 ms (forward / forward+backward, narrow) to 0.460 / 1.617, but where the heads
+# never decay that far (the same shape at 1e-4 of the decays) the exact one-program heads ran on
+# 64-wide blocks, a quarter of the programs: 1.278 / 4.191 against 0.864 / 2.655 narrow and
+# 0.800 / 2.518 without warm-ups. The width is chosen at launch, the exact fallback per head inside.
+WARMUP_WIDE = False
 
 
 def _warmup_configs(shape_class: tuple) -> tuple:

@@ -42,8 +42,10 @@ def test_forward_without_backward_matches_the_token_loop(monkeypatch, fused, B, 
     xs = make_inputs(B, T, H, K, V, decay, with_h0, dtype, seed)
     launched = spy_on_launches(monkeypatch)
     check_forward_without_grad(xs, dtype, seed)
-    # the state pass wrote the outputs: no output kernel ran
-    assert launched == ["delta_rule.prep", "delta_rule.fwd_output"]
+    # the state pass wrote the outputs: no output kernel ran (by warm-ups where the call splits
+    # into segments: a few-program shape on a GPU)
+    assert launched in (["delta_rule.prep", "delta_rule.fwd_output"],
+                        ["delta_rule.prep", "delta_rule.fwd_warmup_output"])
 
 
 def test_forward_without_backward_on_grouped_heads(fused):

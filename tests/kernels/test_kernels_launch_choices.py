@@ -50,6 +50,7 @@ def test_warmups_only_where_programs_leave_sms_idle(monkeypatch):
     many = choices._shape_class(16, 2048, 16, 128, 128, "bf16", None)  # 512
     sms = choices.DEFAULT_SM_COUNT
     monkeypatch.setattr(choices, "WARMUP_FORWARD", True)
+    monkeypatch.setattr(choices, "WARMUP_WIDE", True)  # (the segments counted in 64-wide programs)
     assert choices._warmup_chunks(many, 32) == 32
     seg = choices._warmup_chunks(few, 128)
     assert choices.MIN_WARMUP_CHUNKS <= seg < 128
@@ -125,6 +126,7 @@ def test_prep_loops_over_chunks_with_bf16_tiles_only(monkeypatch):
 def test_warmup_launches_take_64_wide_value_blocks_first_where_bf16_tiles_allow(monkeypatch):
     # the wide block first, once, before the state pass's own list; other tiles and narrow heads
     # keep that list as it is
+    monkeypatch.setattr(choices, "WARMUP_WIDE", True)
     wide = choices._shape_class(1, 8192, 4, 128, 128, "bf16", None)
     configs = choices._warmup_configs(wide)
     assert configs[0].kwargs["BV"] == 64 and (configs[0].num_warps, configs[0].num_stages) == (4, 3)
