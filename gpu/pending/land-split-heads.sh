@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# What `delta-rule-warmup-split-heads.patch` needs on a GPU, once applied and committed as HASH:
+# the GPU check alone (beside the kernel tests it ran out of memory), the sweep that decides
+# (off; on2 = wide warm-ups with the exact heads split off, the patch's default; on2x = wide,
+# not split; on2n = narrow, main's default), the delta-rule kernel tests, then the deep Titans
+# memory's two-loop bench (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made).
+# Each stage is skipped where a call before this one on the same machine finished it: run it
+# again at once until it says "done" (the machine goes back after 30 s idle).
+#   bash gpu/pending/land-split-heads.sh OUT_DIR HASH [SECONDS_AVAILABLE]
+set -uo pipefail
+OUT_DIR=$1 HASH=$2 BUDGET=${3:-560}
+STATE=/tmp/land-split-$HASH
+mkdir -p "$OUT_DIR" "$STATE"
+export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+[ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
+log() { echo "$*" | tee -a "$OUT_DIR/log"; }
+left() { echo $((BUDGET - SECONDS)); }
+log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
+if [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
+  timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
+  rc=$?
+  log "check rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/chk.log")"
+  grep FAIL "$OUT_DIR/chk.log" | head | tee -a "$OUT_DIR/log"
+  [ $rc -eq 0 ] && touch "$STATE/check"
+fi
+if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
+  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
+    "1,32768,8,128;1,32768,8,128w;2,8192,8,128;3,5000,12,128;4,4096,16,128;8,2048,8,128" \
+    off,on2,on2x,on2n 2>&1 | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
+fi
+if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
+  timeout $(($(left) - 10)) python3 -m pytest -q -n 8 -p no:warnings -p no:cacheprovider \
+    tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
+    tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
+    tests/kernels/test_kernels_delta_rule_fused_output.py > "$OUT_DIR/tests.log" 2>&1
+  rc=$?
+  log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
+  [ $rc -eq 0 ] && touch "$STATE/tests"
+fi
+if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
+  timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
+fi
+if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
+  log "done: check, sweep, tests$([ -e "$STATE/titans" ] && echo ', titans bench')"
+else
+  log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
+fi
