@@ -6,7 +6,7 @@
         [--segment-fill 2 4]  # ... as many as bring the programs to ~N x the SMs
         [--fused-output none inference both]  # which forwards fuse the outputs
         [--overlapped-output none inference both]  # ... overlap them with the state pass
-        [--warmup default off on]  # ... the gated forward's segments by decay warm-ups
+        [--warmup default off on]  # ... the gated state passes' segments by decay warm-ups
 
 Per (op, shape, implementation) and pass (forward; forward+backward), four numbers:
   bench_ms   the median of triton.testing.do_bench, as gpu/kernel_grid.py measures (the host
@@ -84,7 +84,8 @@ def launch_options(segments: int, fill: int, fused: str, overlap: str, warmup: s
     the programs to about `fill` times the SM count; which forwards take the outputs out of the
     state pass (`fused`) and which run the state pass and the outputs in one launch (`overlap`):
     "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape; the
-    gated forward's segments by decay warm-ups (`warmup`: "default", "off" or "on")."""
+    gated state passes' segments, forward and backward, by decay warm-ups (`warmup`: "default",
+    "off" or "on")."""
     # 0: off, the module's own default, so that a default run passes no options at all
     return {"segments": (segments, fill) if segments else None,
             "fuse_output": None if fused == "default" else fused,
@@ -155,8 +156,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ours: which forwards run the state pass and the outputs in one launch, "
                              "forced (default: launch_choices._overlaps_output's rule), one run each")
     parser.add_argument("--warmup", nargs="+", default=["default"], choices=["default", "off", "on"],
-                        help="ours: the gated forward's segments by decay warm-ups, forced "
-                             "(default: launch_choices.WARMUP_FORWARD's rule), one run each")
+                        help="ours: the gated state passes' segments (forward and backward) by decay "
+                             "warm-ups, forced (default: launch_choices.WARMUP_FORWARD's and "
+                             "WARMUP_BACKWARD's rule), one run each")
     parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
                         help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
     return parser.parse_args(argv)
