@@ -2,8 +2,11 @@
 # What `delta-rule-warmup-split-heads.patch` needs on a GPU, once applied and committed as HASH:
 # the GPU check alone (beside the kernel tests it ran out of memory), the sweep that decides
 # (off; on2 = wide warm-ups with the exact heads split off, the patch's default; on2x = wide,
-# not split; on2n = narrow, main's default), the delta-rule kernel tests, then the deep Titans
-# memory's two-loop bench (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made).
+# not split; on2n = narrow, main's default; fla = fla as installed, with FlashQLA), the delta-rule
+# kernel tests, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`, where its
+# `deep_bwd_before.py` was made), then `gpu/auto.sh` (model.kernel auto's training tokens/s).
+# fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
+# the sweep waits for both, so carry .whl in the first call and .whl2 in the second.
 # Each stage is skipped where a call before this one on the same machine finished it: run it
 # again at once until it says "done" (the machine goes back after 30 s idle).
 #   bash gpu/pending/land-split-heads.sh OUT_DIR HASH [SECONDS_AVAILABLE]
@@ -16,6 +19,12 @@ export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 log() { echo "$*" | tee -a "$OUT_DIR/log"; }
 left() { echo $((BUDGET - SECONDS)); }
 log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
+if [ ! -e "$STATE/site" ] && ls .whl/fla_core-*.whl > /dev/null 2>&1; then
+  bash gpu/grid_references.sh install && touch "$STATE/site" && log "fla's wheels installed"
+fi
+if [ -e "$STATE/site" ] && [ ! -e "$STATE/z3" ] && ls .whl2/z3_solver-*.whl > /dev/null 2>&1; then
+  bash gpu/grid_references.sh z3 && touch "$STATE/z3" && log "z3-solver installed"
+fi
 if [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
   timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
   rc=$?
@@ -23,10 +32,11 @@ if [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
   grep FAIL "$OUT_DIR/chk.log" | head | tee -a "$OUT_DIR/log"
   [ $rc -eq 0 ] && touch "$STATE/check"
 fi
-if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
-  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
+if [ ! -e "$STATE/sweep" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 90 ]; then
+  PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
+    "$OUT_DIR/sweep.json" \
     "1,32768,8,128;1,32768,8,128w;2,8192,8,128;3,5000,12,128;4,4096,16,128;8,2048,8,128" \
-    off,on2,on2x,on2n 2>&1 | tee -a "$OUT_DIR/log"
+    off,on2,on2x,on2n,fla 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
 if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
@@ -42,8 +52,13 @@ fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
+if [ ! -e "$STATE/auto" ] && [ -e "$STATE/z3" ] && [ -e "$STATE/sweep" ] && [ "$(left)" -gt 240 ]; then
+  OUT=$OUT_DIR/auto BUDGET=$(($(left) - 10)) TUNE_S=200 bash gpu/auto.sh > /dev/null 2>&1
+  log "auto: $(tail -3 "$OUT_DIR/auto/log" | tr '\n' ' ')"
+  [ -s "$OUT_DIR/auto/training.json" ] && touch "$STATE/auto"
+fi
 if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
-  log "done: check, sweep, tests$([ -e "$STATE/titans" ] && echo ', titans bench')"
+  log "done: check, sweep, tests$([ -e "$STATE/titans" ] && echo ', titans bench')$([ -e "$STATE/auto" ] && echo ', auto')"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
 fi

@@ -92,12 +92,17 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
     # WARMUP (SEGMENTED, MODE 0; launch_choices.py, "Warm-ups"): each segment warms the gradient
     # at its end up alone, from zeros a few chunks later, where the decay is below exp(LOG_FLOOR),
     # reading those chunks' dd and dh_local as `_bwd_local` left them: so dD goes to dd_out and
-    # dh is not dh_local (elsewhere dd_out is dd and is not read)
+    # dh is not dh_local (elsewhere dd_out is dd and is not read). WARMUP 2 and 3 split the heads
+    # as the forward's do (`_state_pass`), the exact ones on one program per value block and state
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
-    if SEGMENTED:
+    if WARMUP == 3:  # (as the last segment's program, the one that goes exact)
+        NS = tl.cdiv(NT, SEG)
+        i_s = NS - 1
+        t_first, t_end = i_s * SEG, NT
+    elif SEGMENTED:
         i_s, NS = tl.program_id(2), tl.num_programs(2)
         t_first, t_end = i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)
     else:
@@ -116,6 +121,10 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
         t_first = tl.where(short, t_first, tl.where(i_s == NS - 1, 0, NT))
         t_end = tl.where(short, t_end, NT)
         edge = tl.where(short, 0, NS - 1)
+        if WARMUP >= 2:  # (a split launch: a program of the other kind of head does nothing)
+            mine = short == (WARMUP == 2)
+            t_first, t_end = tl.where(mine, t_first, NT), tl.where(mine, t_end, NT)
+            edge = tl.where(mine, edge, -1)
         b_ds = _warmed_gradient(k, w, gcum, dd, dh_local, dht, b_ds, i_v, i_b, i_h, i_hq, i_bh,
                                 t_end, T, H, HQ, LOG_FLOOR, K, V, BT, BK, BV, USE_DHT, PRECISION)
     elif USE_DHT:

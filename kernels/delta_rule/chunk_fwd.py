@@ -34,7 +34,10 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
     # FUSE_O: the outputs too, chunk by chunk as the state passes (`_output_kernel`'s maths), so a
     # forward without a backward neither writes nor reads the per-chunk states and D (STORE_HD off)
     # WARMUP (with SEGMENTED; launch_choices.py, "Warm-ups"): each segment finds its entering state
-    # alone, from zeros a few chunks earlier, where the decay since then is below exp(LOG_FLOOR)
+    # alone, from zeros a few chunks earlier, where the decay since then is below exp(LOG_FLOOR);
+    # heads that never decay that far run exact in one program. WARMUP 2: the decaying heads only
+    # (the others' programs do nothing); 3: the others only, exact, on a grid of one program per
+    # value block and state (SEG still sizes the segments their decays are judged by)
     _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, None, tl.program_id(0), tl.program_id(1),
                 T, H, HQ, SEG, K, V, BT, BK, BV, USE_H0, STORE_HT, STORE_HD, SEGMENTED, TRANSITION,
                 FUSE_O, 0, 1, PRECISION, WARMUP, LOG_FLOOR)
@@ -57,7 +60,10 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
-    if SEGMENTED:
+    if WARMUP == 3:
+        i_s, NS = 0, tl.cdiv(NT, SEG)
+        t_first, t_end = 0, SEG
+    elif SEGMENTED:
         i_s, NS = tl.program_id(2), tl.num_programs(2)
         t_first, t_end = i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)
     else:
@@ -76,6 +82,10 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         t_first = tl.where(short, t_first, 0)
         t_end = tl.where(short, t_end, tl.where(i_s == 0, NT, 0))
         edge = tl.where(short, NS - 1, 0)
+        if WARMUP >= 2:  # (a split launch: a program of the other kind of head does nothing)
+            mine = short == (WARMUP == 2)
+            t_first, t_end = tl.where(mine, t_first, 0), tl.where(mine, t_end, 0)
+            edge = tl.where(mine, edge, -1)
         b_s = _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H, HQ,
                             LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION)
     elif USE_H0:

@@ -262,8 +262,23 @@ WARMUP_LOG_FLOOR = {"bf16": -10.0, "tf32": -10.0, "tf32x3": -17.0, "ieee": -17.0
 # from 0.584 / 1.910 ms (forward / forward+backward, narrow) to 0.460 / 1.617, but where the heads
 # never decay that far (the same shape at 1e-4 of the decays) the exact one-program heads ran on
 # 64-wide blocks, a quarter of the programs: 1.278 / 4.191 against 0.864 / 2.655 narrow and
-# 0.800 / 2.518 without warm-ups. The width is chosen at launch, the exact fallback per head inside.
-WARMUP_WIDE = False
+# 0.800 / 2.518 without warm-ups. The width is chosen at launch, the exact fallback per head inside:
+# so with WARMUP_SPLIT_HEADS (below) the exact heads go to a launch of their own on narrow blocks.
+# On again with that split (NOT MEASURED yet, 2026-12-07)
+WARMUP_WIDE = True
+
+
+# where the warm-ups' first block is wider than the one-segment pass's, the heads that never decay
+# to the floor run exact in a launch of their own on the one-segment pass's blocks (the kernels'
+# WARMUP 3), the warm-up launch taking the others only (WARMUP 2): one launch more a pass, whose
+# programs read their head's decays and stop where the other launch has the head
+WARMUP_SPLIT_HEADS = True
+
+
+def _warmup_splits_heads(shape_class: tuple) -> bool:
+    """Whether a warm-up pass of `shape_class` runs its exact heads in a launch of their own."""
+    return WARMUP_SPLIT_HEADS and (_warmup_configs(shape_class)[0].kwargs["BV"]
+                                   > _sequential_configs(shape_class)[0].kwargs["BV"])
 
 
 def _warmup_configs(shape_class: tuple) -> tuple:

@@ -49,13 +49,19 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
         name, configs = (
             ("delta_rule.fwd_warmup_output", launch_choices._fused_output_configs(cls))
             if fused_o is not None else ("delta_rule.fwd_warmup", launch_choices._warmup_configs(cls)))
+        # (split: the exact heads in a launch of their own, on the one-segment pass's blocks)
+        split = fused_o is None and launch_choices._warmup_splits_heads(cls)
+        warmup = {**common, "u": u, "h": h, "d": d, "h0": h0, "ht": ht, "SEG": warmup_chunks,
+                  "V": V, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
+                  "STORE_HD": h is not None, "SEGMENTED": True, "TRANSITION": False,
+                  "FUSE_O": fused_o is not None, "WARMUP": 2 if split else True,
+                  "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision]}
         tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
-                      configs, cls,
-                      {**common, "u": u, "h": h, "d": d, "h0": h0, "ht": ht, "SEG": warmup_chunks,
-                       "V": V, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
-                       "STORE_HD": h is not None, "SEGMENTED": True, "TRANSITION": False,
-                       "FUSE_O": fused_o is not None, "WARMUP": True,
-                       "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision]})
+                      configs, cls, warmup)
+        if split:
+            tuning.launch("delta_rule.fwd_warmup_exact", _fwd_kernel,
+                          lambda m: (cdiv(V, m["BV"]), BH, 1), _sequential_configs(cls), cls,
+                          {**warmup, "WARMUP": 3})
         return
     seg = (NT if fused_o is not None else launch_choices._segment_chunks(cls, NT) if segments is None
            else launch_choices._segment_chunks(cls, NT, *segments))
@@ -135,12 +141,17 @@ def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, se
               "PRECISION": precision, "WARMUP": False, "LOG_FLOOR": 0., "dd_out": dd}
     if warmup_chunks is not None and warmup_chunks < NT:
         assert dd_out is not None and dh is not dh_local, "warm-ups read dd and dh_local as left"
+        split = launch_choices._warmup_splits_heads(cls)  # (as the forward's)
+        warmup = {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
+                  "SEG": warmup_chunks, "SEGMENTED": True, "MODE": 0, "WARMUP": 2 if split else True,
+                  "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out}
         tuning.launch("delta_rule.bwd_warmup", _bwd_state_kernel,
                       lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
-                      launch_choices._warmup_configs(cls), cls,
-                      {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
-                       "SEG": warmup_chunks, "SEGMENTED": True, "MODE": 0, "WARMUP": True,
-                       "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out})
+                      launch_choices._warmup_configs(cls), cls, warmup)
+        if split:
+            tuning.launch("delta_rule.bwd_warmup_exact", _bwd_state_kernel,
+                          lambda m: (cdiv(V, m["BV"]), BH, 1), _sequential_configs(cls), cls,
+                          {**warmup, "WARMUP": 3})
         return
     seg = (launch_choices._segment_chunks(cls, NT, backward=True) if segments is None
            else launch_choices._segment_chunks(cls, NT, *segments))

@@ -362,6 +362,23 @@ def test_state_passes_by_warmups_match_the_token_loop(monkeypatch, B, T, H, K, V
     assert not {"delta_rule.fwd", "delta_rule.bwd_state"} & set(launched)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("decay", ("mixed", "weak"))
+def test_warmups_with_the_exact_heads_apart_match_the_token_loop(monkeypatch, decay, dtype):
+    # the warm-up launch for the heads that decay to the floor, a second launch for the rest
+    # (`launch_choices._warmup_splits_heads`, forced here): "mixed" has one head of each kind at
+    # bf16 tiles, "weak" only exact ones; each launch must leave the other's heads alone
+    from ltm.kernels.delta_rule import launch_choices
+    for switch in ("WARMUP_FORWARD", "WARMUP_BACKWARD"):
+        monkeypatch.setattr(launch_choices, switch, True)
+    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls: True)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(1, 6 * CHUNK + 5, 2, 64, 64, decay, True, dtype)
+    assert {"delta_rule.fwd_warmup", "delta_rule.fwd_warmup_exact", "delta_rule.bwd_warmup",
+            "delta_rule.bwd_warmup_exact"} <= set(launched)
+
+
 def test_warmups_cut_the_past_at_the_floor(monkeypatch):
     # a floor of -2 (a decay of 0.14) lets "weak" decay (about -1.6 a chunk) warm up from two
     # chunks (segments of 3: the second from chunk 1): the outputs then differ from the exact
