@@ -79,15 +79,21 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         # past a segment's length, up to the whole prefix) goes exact in one program, the first;
         # its other segments idle: never slower than the one-segment pass
         short = segments_decay_below(gcum, i_b, i_h, T, H, SEG, 0, NS - 1, LOG_FLOOR, BT)
-        t_first = tl.where(short, t_first, 0)
-        t_end = tl.where(short, t_end, tl.where(i_s == 0, NT, 0))
-        edge = tl.where(short, NS - 1, 0)
-        if WARMUP >= 2:  # (a split launch: a program of the other kind of head does nothing)
-            mine = short == (WARMUP == 2)
-            t_first, t_end = tl.where(mine, t_first, 0), tl.where(mine, t_end, 0)
-            edge = tl.where(mine, edge, -1)
-        b_s = _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H, HQ,
-                            LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION)
+        if WARMUP == 3:  # the exact heads from h0, no warm-up code (Triton 3.6 failed to lower
+            # this kernel with it: ConvertTritonGPUToLLVM, sm_90, 2026-12-07)
+            t_end = tl.where(short, 0, NT)
+            edge = tl.where(short, -1, 0)
+            if USE_H0:
+                b_s += load_tile(state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)
+        else:
+            t_first = tl.where(short, t_first, 0)
+            t_end = tl.where(short, t_end, tl.where(i_s == 0, NT, 0))
+            edge = tl.where(short, NS - 1, 0)
+            if WARMUP == 2:  # (a split launch: the exact heads' programs do nothing here)
+                t_first, t_end = tl.where(short, t_first, 0), tl.where(short, t_end, 0)
+                edge = tl.where(short, edge, -1)
+            b_s = _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H,
+                                HQ, LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION)
     elif USE_H0:
         p_h0 = state_tile(h0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_s += load_tile(p_h0).to(tl.float32)
