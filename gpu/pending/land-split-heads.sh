@@ -2,11 +2,11 @@
 # What `delta-rule-warmup-split-heads.patch` needs on a GPU, once applied and committed as HASH:
 # the GPU check alone (beside the kernel tests it ran out of memory), the sweep that decides
 # (off; on2 = wide warm-ups with the exact heads split off, the patch's default; on2x = wide,
-# not split; on2n = narrow, main's default; fla = fla as installed, with FlashQLA), the delta-rule
-# kernel tests, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`, where its
-# `deep_bwd_before.py` was made), then `gpu/auto.sh` (model.kernel auto's training tokens/s).
+# not split; on2n = narrow, main's default), the delta-rule kernel tests, fla as installed (with
+# FlashQLA) beside on2 and on2n, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`,
+# where its `deep_bwd_before.py` was made), then `gpu/auto.sh` (model.kernel auto's training).
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
-# the sweep waits for both, so carry .whl in the first call and .whl2 in the second.
+# fla's sweep waits for both, so carry .whl in the first call and .whl2 in the second.
 # Each stage is skipped where a call before this one on the same machine finished it: run it
 # again at once until it says "done" (the machine goes back after 30 s idle).
 #   bash gpu/pending/land-split-heads.sh OUT_DIR HASH [SECONDS_AVAILABLE]
@@ -35,11 +35,10 @@ if [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
   grep FAIL "$OUT_DIR/chk.log" | head | tee -a "$OUT_DIR/log"
   [ $rc -eq 0 ] && touch "$STATE/check"
 fi
-if [ ! -e "$STATE/sweep" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 90 ]; then
-  PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
-    "$OUT_DIR/sweep.json" \
+if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
+  timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
     "1,32768,8,128;1,32768,8,128w;2,8192,8,128;3,5000,12,128;4,4096,16,128;8,2048,8,128" \
-    off,on2,on2x,on2n,fla 2>&1 | tee -a "$OUT_DIR/log"
+    off,on2,on2x,on2n 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
 if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
@@ -52,16 +51,24 @@ if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
   grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
   [ $rc -eq 0 ] && touch "$STATE/tests"
 fi
+# fla as installed (FlashQLA on Hopper) beside ours, in one process: the shapes of 8 heads first
+# (one autotune of fla's; TileLang compiles once for batch 1, once for batch > 1)
+if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
+  PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
+    "$OUT_DIR/sweep-fla.json" "1,32768,8,128;2,8192,8,128;8,2048,8,128;1,32768,8,128w;4,4096,16,128" \
+    on2,on2n,fla 2>&1 | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
+fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
-if [ ! -e "$STATE/auto" ] && [ -e "$STATE/z3" ] && [ -e "$STATE/sweep" ] && [ "$(left)" -gt 240 ]; then
+if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   OUT=$OUT_DIR/auto BUDGET=$(($(left) - 10)) TUNE_S=200 bash gpu/auto.sh > /dev/null 2>&1
   log "auto: $(tail -3 "$OUT_DIR/auto/log" | tr '\n' ' ')"
   [ -s "$OUT_DIR/auto/training.json" ] && touch "$STATE/auto"
 fi
 if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
-  log "done: check, sweep, tests$([ -e "$STATE/titans" ] && echo ', titans bench')$([ -e "$STATE/auto" ] && echo ', auto')"
+  log "done: check, sweep, tests$(for x in fla titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
 fi
