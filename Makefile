@@ -10,7 +10,7 @@ JUPYTER_CONFIG := $(JUPYTER_ETC)/jupyter_server_config.json \
 # the stages call `python` and `dvc`: take them from the virtualenv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup workbook test test-newest gpu-check
+.PHONY: setup workbook test test-newest test-gpu-triton gpu-check
 
 setup: $(INSTALLED) $(CORPUS) $(JUPYTER_CONFIG)
 
@@ -46,6 +46,7 @@ PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-newest
+	$(MAKE) test-gpu-triton
 
 # The kernel and op tests once more on the newest torch/Triton pair (requirements-newest.txt),
 # in a second virtualenv. The machine's pip constraints cap torch at the releases it holds
@@ -64,6 +65,20 @@ $(INSTALLED_NEWEST): requirements-newest.txt pyproject.toml
 # shape a test names runs on the newest pair; their cross products run in the main suite
 test-newest: $(INSTALLED_NEWEST)
 	LTM_TEST_EACH_CHOICE=1 $(PY_NEWEST) -m pytest $(PYTEST_ARGS) tests/kernels tests/ops
+
+# Every kernel launch compiled for sm_90 by the GPU machine's Triton (gpu/README.md: torch 2.11's
+# pair), installed alone into a folder: a Triton release that fails to lower a kernel the CPU's
+# compiles fails here, before a GPU call (3.6.0 failed on one that 3.7.1 compiled, 2026-12-07)
+GPU_TRITON := triton==3.6.0
+GPU_TRITON_DIR := .triton-gpu
+
+$(GPU_TRITON_DIR)/.installed: | $(INSTALLED)
+	$(PY) -m pip install --quiet --no-deps --target $(GPU_TRITON_DIR) $(GPU_TRITON)
+	touch $@
+
+test-gpu-triton: $(GPU_TRITON_DIR)/.installed
+	LTM_PROBE_TRITON=$(CURDIR)/$(GPU_TRITON_DIR) $(PY) -m pytest -q -n $(TEST_WORKERS) \
+		tests/kernels/test_kernels_shared_memory.py
 
 # On a CUDA machine with torch and Triton (no virtualenv needed): kernel tests, every mixer trained
 # eager and compiled, plain and latent, generation, DDP; one table (gpu/check.py). A change to

@@ -201,7 +201,8 @@ def main(ops: list[str], with_registers: bool = False) -> None:
                     seen[key] = compiled(kernel, bound, options)
                 done = seen[key]
                 row = {"op": op, "kernel": kernel.fn.__name__, "dtype": str(dtype).split(".")[1],
-                       "K": K, **options, "BV": bound.get("BV"), "shared": done.metadata.shared}
+                       "K": K, **options, "BV": bound.get("BV"), "shared": done.metadata.shared,
+                       "triton": triton.__version__}
                 if with_registers:
                     row.update(registers(done.asm["ptx"]))
                 print(json.dumps(row), flush=True)

@@ -1,6 +1,10 @@
 """Every kernel of the chunked ops, compiled for an H100 (sm_90) with its launchers' choices,
 fits the shared memory a block may have there. The interpreter ignores launch choices, so this
-is the CPU's only check of them; an H100 run once failed at 246,784 bytes."""
+is the CPU's only check of them; an H100 run once failed at 246,784 bytes.
+
+With LTM_PROBE_TRITON set to a folder holding another Triton (`make test-gpu-triton` installs the
+GPU machine's there), the kernels compile with that one: a compiler that fails to lower a kernel
+fails here, on the CPU (Triton 3.6 failed on one that 3.7 compiled, 2026-12-07)."""
 import json
 import os
 import subprocess
@@ -29,10 +33,17 @@ KERNELS = {
 @pytest.mark.parametrize("op", sorted(KERNELS))
 def test_every_kernel_fits_the_shared_memory_of_a_hopper_block(op):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    other = os.environ.get("LTM_PROBE_TRITON")
+    if other:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [other, env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, str(PROBE), op], env=env, capture_output=True,
                           text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if other:  # (the folder's Triton, not the environment's)
+        infos = Path(other).glob("triton-*.dist-info")
+        wanted = {info.name[len("triton-"):-len(".dist-info")] for info in infos}
+        assert {row["triton"] for row in rows} == wanted, (wanted, rows[:1])
     # both tile precisions (float32, bfloat16) of every kernel the op launches
     assert {(row["kernel"], row["dtype"]) for row in rows} == {
         (kernel, dtype) for kernel in KERNELS[op] for dtype in ("float32", "bfloat16")}
