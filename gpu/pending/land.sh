@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# What `delta-rule-warmup-split-heads.patch` needs on a GPU, once applied and committed as HASH:
-# the GPU check alone (beside the kernel tests it ran out of memory), the sweep that decides
-# (off; on2 = wide warm-ups with the exact heads split off, the patch's default; on2x = wide,
-# not split; on2n = narrow, main's default), the delta-rule kernel tests, fla as installed (with
-# FlashQLA) beside on2 and on2n, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`,
-# where its `deep_bwd_before.py` was made), then `gpu/auto.sh` (model.kernel auto's training).
+# What a pending gated-delta-rule patch needs on a GPU, once applied and committed as HASH: the GPU
+# check alone (beside the kernel tests it ran out of memory), the warm-up sweep that decides
+# (gpu/warmup_sweep.py's variants, SWEEP; the default for `delta-rule-warmup-forward-width.patch`:
+# off; on2 = the patch's default, the forward's warm-ups wide only where its narrow programs leave
+# SMs idle; on2a = wide always, c0dd6cf's default; on2n = narrow), the warm-up and launch kernel
+# tests, fla as installed (with FlashQLA) beside on2, the deep Titans memory's two-loop bench
+# (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`.
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
 # fla's sweep waits for both, so carry .whl in the first call and .whl2 in the second.
 # Each stage is skipped where a call before this one on the same machine finished it: run it
 # again at once until it says "done" (the machine goes back after 30 s idle).
-#   bash gpu/pending/land-split-heads.sh OUT_DIR HASH [SECONDS_AVAILABLE]
+#   bash gpu/pending/land.sh OUT_DIR HASH [SECONDS_AVAILABLE]
 set -uo pipefail
 OUT_DIR=$1 HASH=$2 BUDGET=${3:-560}
 # the kernel tests: those of the warm-ups and segments, the launches this change touched (the
 # whole files passed at 53e1b59; cold, they need more than the 230 s a call has after the check)
 TESTS_K=${TESTS_K:-"warmup or exact_heads or segment or launch"}
-STATE=/tmp/land-split-$HASH
+STATE=/tmp/land-$HASH
+SWEEP=${SWEEP:-off,on2,on2a,on2n}
 mkdir -p "$OUT_DIR" "$STATE"
 export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 [ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
@@ -38,7 +40,7 @@ fi
 if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
   timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py "$OUT_DIR/sweep.json" \
     "1,32768,8,128;1,32768,8,128w;2,8192,8,128;3,5000,12,128;4,4096,16,128;8,2048,8,128" \
-    off,on2,on2x,on2n 2>&1 | tee -a "$OUT_DIR/log"
+    "$SWEEP" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
 if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
@@ -56,7 +58,7 @@ fi
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
   PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
     "$OUT_DIR/sweep-fla.json" "1,32768,8,128;2,8192,8,128;8,2048,8,128;1,32768,8,128w;4,4096,16,128" \
-    on2,on2n,fla 2>&1 | tee -a "$OUT_DIR/log"
+    on2,fla 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
 fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
