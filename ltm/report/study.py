@@ -124,10 +124,27 @@ def bound_figure(study: dict) -> Figure | None:
         sns.lineplot(curves, x="x", y="nll", hue="init", palette=INIT_COLORS, linestyle="--",
                      ax=ax, legend=False)
         ax.set_xscale("log")
-        ax.set_ylim(top=min(curves["bound"].max(), curves["nll"].max() + 1.0))
+        top = min(curves["bound"].max(), curves["nll"].max() + 1.0)
+        ax.set_ylim(top=top)
+        note_off_scale(ax, curves, top)
         ax.set_xlabel("inference steps (0 drawn at 0.5)")
         ax.set_ylabel("nats per token: bound (solid), its NLL (dashed)")
         ax.set_title(f"{source}: the bound by inference steps")
         ax.grid(alpha=0.3)
     return fig
+
+
+def note_off_scale(ax, curves: pd.DataFrame, top: float) -> None:
+    """Say on the panel which starts' bounds the y range cuts (a cold start can sit nats above
+    the rest for its first steps, which would flatten every other line): where, and how high."""
+    lines = []
+    for init, c in curves.groupby("init", sort=False):
+        cut = c[c["bound"] > top]
+        if len(cut):
+            steps = ", ".join(f"{n:g}" for n in cut["steps"])
+            lines.append(f"{init}: bound up to {cut['bound'].max():.2f} above the scale"
+                         f" (at {steps} steps)")
+    if lines:
+        ax.text(0.02, 0.02, "\n".join(lines), transform=ax.transAxes, fontsize=7, va="bottom",
+                color="0.3")
 

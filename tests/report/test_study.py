@@ -39,6 +39,18 @@ def test_the_verdict_and_figure_or_why_there_are_none():
     assert bound_figure(STUDY) is not None and bound_figure({"enabled": False}) is None
 
 
+def test_the_bound_figure_says_which_lines_run_off_its_scale():
+    import copy
+    study = copy.deepcopy(STUDY)
+    figure = bound_figure(study)
+    assert not [t for ax in figure.axes for t in ax.texts]  # every bound within 1 nat of the NLL
+    for row in study["sources"]["testbed"]["curves"]:
+        if row["init"] == "authors" and row["steps"] < 16:
+            row["bound"] = 13.96 - row["steps"]
+    [text] = [t.get_text() for ax in bound_figure(study).axes for t in ax.texts]
+    assert text == "authors: bound up to 13.96 above the scale (at 0, 4 steps)"
+
+
 def test_the_section_leads_with_the_verdict_or_says_why_there_is_none(tmp_path):
     import json
     from ltm.report.study_sections import study_section
