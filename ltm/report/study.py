@@ -147,4 +147,3 @@ def note_off_scale(ax, curves: pd.DataFrame, top: float) -> None:
     if lines:
         ax.text(0.02, 0.02, "\n".join(lines), transform=ax.transAxes, fontsize=7, va="bottom",
                 color="0.3")
-
