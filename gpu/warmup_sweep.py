@@ -9,7 +9,8 @@ forward's only); "n" after onF/fwF turns WARMUP_WIDE off (the warm-up launches t
 sequential passes' first value block, and their segments are counted in programs of it: 16-wide
 at 1,32768,8,128, so on4n there is the narrow patch's on2); "x" after that turns
 WARMUP_SPLIT_HEADS off (the heads that never decay go exact inside the warm-up launch, on its
-blocks); ":bBVwWsS" after that forces the warm-up launches' value block, warps and stages (e.g.
+blocks); "a" after that turns WARMUP_WIDE_FORWARD_ALWAYS on (the forward's warm-ups wide where
+its narrow programs fill the SMs too, as c0dd6cf's were); ":bBVwWsS" after that forces the warm-up launches' value block, warps and stages (e.g.
 on4:b64w4s3)."""
 import json, re, sys, time
 import torch, triton
@@ -28,13 +29,15 @@ def variant_fn(var: str):
         tuning.FORCED.pop(name, None)
     launch_choices.WARMUP_FILL, launch_choices.WARMUP_BACKWARD = 2, True
     launch_choices.WARMUP_WIDE, launch_choices.WARMUP_SPLIT_HEADS = True, True
+    launch_choices.WARMUP_WIDE_FORWARD_ALWAYS = False
     if var == "off":
         return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], warmup=False)[0]
-    kind, fill, narrow, joined, forced = re.fullmatch(r"(on|fw)(\d+)(n?)(x?)(?::(b\d+w\d+s\d+))?",
-                                                     var).groups()
+    kind, fill, narrow, joined, always, forced = re.fullmatch(
+        r"(on|fw)(\d+)(n?)(x?)(a?)(?::(b\d+w\d+s\d+))?", var).groups()
     launch_choices.WARMUP_FILL = int(fill)
     launch_choices.WARMUP_WIDE = not narrow
     launch_choices.WARMUP_SPLIT_HEADS = not joined
+    launch_choices.WARMUP_WIDE_FORWARD_ALWAYS = bool(always)
     launch_choices.WARMUP_BACKWARD = kind == "on"
     if forced:
         bv, warps, stages = map(int, re.findall(r"\d+", forced))

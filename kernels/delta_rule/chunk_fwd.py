@@ -60,9 +60,9 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h % HQ  # the head of q, k, v this state reads
     NT = tl.cdiv(T, BT)
-    if WARMUP == 3:
+    if WARMUP == 3:  # (the exact heads' whole pass, the others' none: below)
         i_s, NS = 0, tl.cdiv(NT, SEG)
-        t_first, t_end = 0, SEG
+        t_first, t_end = 0, NT
     elif SEGMENTED:
         i_s, NS = tl.program_id(2), tl.num_programs(2)
         t_first, t_end = i_s * SEG, tl.minimum(NT, i_s * SEG + SEG)
@@ -81,7 +81,7 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         short = segments_decay_below(gcum, i_b, i_h, T, H, SEG, 0, NS - 1, LOG_FLOOR, BT)
         if WARMUP == 3:  # the exact heads from h0, no warm-up code (Triton 3.6 failed to lower
             # this kernel with it: ConvertTritonGPUToLLVM, sm_90, 2026-12-07)
-            t_end = tl.where(short, 0, NT)
+            t_end = tl.where(short, 0, t_end)
             edge = tl.where(short, -1, 0)
             if USE_H0:
                 b_s += load_tile(state_tile(h0, i_bh, K, V, i_v * BV, BK, BV)).to(tl.float32)

@@ -264,8 +264,16 @@ WARMUP_LOG_FLOOR = {"bf16": -10.0, "tf32": -10.0, "tf32x3": -17.0, "ieee": -17.0
 # 64-wide blocks, a quarter of the programs: 1.278 / 4.191 against 0.864 / 2.655 narrow and
 # 0.800 / 2.518 without warm-ups. The width is chosen at launch, the exact fallback per head inside:
 # so with WARMUP_SPLIT_HEADS (below) the exact heads go to a launch of their own on narrow blocks.
-# On again with that split (NOT MEASURED yet, 2026-12-07)
+# On again with that split (H100, c0dd6cf, records/lab/warmup-sweep-h100-2026-12-07-c0dd6cf.json,
+# CUDA-graph ms): 0.451 / 1.595 at 1,32768,8,128, and 0.864 / 2.593 there at 1e-4 of the decays,
+# as narrow; 0.238 / 0.822 at 2,8192,8,128 (narrow 0.250 / 0.826)
 WARMUP_WIDE = True
+# but the forward's warm-ups take the wide block only where the one-segment pass's own (narrow)
+# programs leave SMs idle: where they fill them, the wide block's fewer programs split in two
+# segments cost the forward 5-9% at 3,5000,12,128, 4,4096,16,128 and 8,2048,8,128 (0.411, 0.410,
+# 0.210 ms against 0.391, 0.375, 0.192 narrow, which does not split there), while the backward's
+# gained 1-3% (same sweep). True: the forward's as the backward's (NOT MEASURED as a rule yet)
+WARMUP_WIDE_FORWARD_ALWAYS = False
 
 
 # where the warm-ups' first block is wider than the one-segment pass's, the heads that never decay
@@ -275,17 +283,22 @@ WARMUP_WIDE = True
 WARMUP_SPLIT_HEADS = True
 
 
-def _warmup_splits_heads(shape_class: tuple) -> bool:
-    """Whether a warm-up pass of `shape_class` runs its exact heads in a launch of their own."""
-    return WARMUP_SPLIT_HEADS and (_warmup_configs(shape_class)[0].kwargs["BV"]
+def _warmup_splits_heads(shape_class: tuple, backward: bool = False) -> bool:
+    """Whether a forward's (`backward`: backward's) warm-up pass of `shape_class` runs its exact
+    heads in a launch of their own."""
+    return WARMUP_SPLIT_HEADS and (_warmup_configs(shape_class, backward)[0].kwargs["BV"]
                                    > _sequential_configs(shape_class)[0].kwargs["BV"])
 
 
-def _warmup_configs(shape_class: tuple) -> tuple:
-    """`_fwd_kernel`'s and `_bwd_state_kernel`'s launches by warm-ups: `_sequential_configs`, with
-    4 warps, 3 stages and 64-wide value blocks first where WARMUP_WIDE and the tiles are bf16 and
-    V >= 64 (a launch `_sequential_configs` lists where programs are many)."""
-    return _warmup_config_list(shape_class, WARMUP_WIDE)
+def _warmup_configs(shape_class: tuple, backward: bool = False) -> tuple:
+    """`_fwd_kernel`'s (`backward`: `_bwd_state_kernel`'s) launches by warm-ups:
+    `_sequential_configs`, with 4 warps, 3 stages and 64-wide value blocks first where WARMUP_WIDE
+    and the tiles are bf16 and V >= 64 (a launch `_sequential_configs` lists where programs are
+    many); the forward's only where the one-segment pass's programs are fewer than the SMs."""
+    K, V, precision, _, programs, sms = shape_class
+    narrow = programs * cdiv(V, _sequential_configs(shape_class)[0].kwargs["BV"])
+    wide = WARMUP_WIDE and (backward or WARMUP_WIDE_FORWARD_ALWAYS or narrow < sms)
+    return _warmup_config_list(shape_class, wide)
 
 
 @tuning.per_class  # (built once per class and switch: this runs twice a call, on the host)
@@ -312,7 +325,8 @@ def _warmup_chunks(shape_class: tuple, NT: int, on: bool | None = None,
     if not (default if on is None else on) or min_chunks < 1:
         return NT
     fill = WARMUP_FILL if fill is None else fill
-    programs = shape_class[4] * cdiv(shape_class[1], _warmup_configs(shape_class)[0].kwargs["BV"])
+    block = _warmup_configs(shape_class, backward)[0].kwargs["BV"]
+    programs = shape_class[4] * cdiv(shape_class[1], block)
     segments = min(fill * shape_class[-1] // programs, NT // min_chunks)
     return NT if segments < 2 else cdiv(NT, segments)
 

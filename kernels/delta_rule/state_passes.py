@@ -141,13 +141,13 @@ def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, se
               "PRECISION": precision, "WARMUP": False, "LOG_FLOOR": 0., "dd_out": dd}
     if warmup_chunks is not None and warmup_chunks < NT:
         assert dd_out is not None and dh is not dh_local, "warm-ups read dd and dh_local as left"
-        split = launch_choices._warmup_splits_heads(cls)  # (as the forward's)
+        split = launch_choices._warmup_splits_heads(cls, backward=True)  # (as the forward's)
         warmup = {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
                   "SEG": warmup_chunks, "SEGMENTED": True, "MODE": 0, "WARMUP": 2 if split else True,
                   "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out}
         tuning.launch("delta_rule.bwd_warmup", _bwd_state_kernel,
                       lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
-                      launch_choices._warmup_configs(cls), cls, warmup)
+                      launch_choices._warmup_configs(cls, backward=True), cls, warmup)
         if split:
             tuning.launch("delta_rule.bwd_warmup_exact", _bwd_state_kernel,
                           lambda m: (cdiv(V, m["BV"]), BH, 1), _sequential_configs(cls), cls,

@@ -372,11 +372,27 @@ def test_warmups_with_the_exact_heads_apart_match_the_token_loop(monkeypatch, de
     for switch in ("WARMUP_FORWARD", "WARMUP_BACKWARD"):
         monkeypatch.setattr(launch_choices, switch, True)
     monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
-    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls: True)
+    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls, backward=False: True)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(1, 6 * CHUNK + 5, 2, 64, 64, decay, True, dtype)
     assert {"delta_rule.fwd_warmup", "delta_rule.fwd_warmup_exact", "delta_rule.bwd_warmup",
             "delta_rule.bwd_warmup_exact"} <= set(launched)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_the_backwards_warmups_alone_after_a_one_segment_forward_match_the_token_loop(monkeypatch, dtype):
+    # where the forward's narrow programs fill the SMs its warm-ups stay narrow and do not split,
+    # while the backward's go wide, exact heads apart (`launch_choices._warmup_configs`): the
+    # backward then reads the one-segment forward's states
+    from ltm.kernels.delta_rule import launch_choices
+    monkeypatch.setattr(launch_choices, "WARMUP_FORWARD", False)
+    monkeypatch.setattr(launch_choices, "WARMUP_BACKWARD", True)
+    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls, backward=False: backward)
+    launched = spy_on_launches(monkeypatch)
+    check_against_token_loop(1, 6 * CHUNK + 5, 2, 64, 64, "mixed", True, dtype)
+    assert {"delta_rule.fwd", "delta_rule.bwd_warmup", "delta_rule.bwd_warmup_exact"} <= set(launched)
+    assert not {"delta_rule.fwd_warmup", "delta_rule.fwd_warmup_exact"} & set(launched)
 
 
 def test_warmups_cut_the_past_at_the_floor(monkeypatch):

@@ -60,15 +60,18 @@ def test_warmups_only_where_programs_leave_sms_idle(monkeypatch):
     assert choices._warmup_chunks(few, 128, True, 64, 8) == 64
     assert choices._warmup_chunks(few, 2 * choices.MIN_WARMUP_CHUNKS - 1) == 2 * choices.MIN_WARMUP_CHUNKS - 1
     # programs a little over the SMs still split where the fill asks for two segments or more:
-    # B H 36 is the class of 64, 128 programs of 64 columns
+    # B H 36 is the class of 64, 128 programs of 64 columns (the backward's; the forward's stay
+    # on the one-segment pass's 32 columns there, 256 programs)
     over = choices._shape_class(3, 5000, 12, 128, 128, "bf16", None)
-    assert choices._warmup_chunks(over, 79, True, 4, 8) == triton.cdiv(79, 8 * sms // 128)
-    assert choices._warmup_chunks(over, 79, True, 4, 2) == triton.cdiv(79, 2 * sms // 128)
-    assert choices._warmup_chunks(over, 79, True, 4, 1) == 79
+    for fill in (8, 2):
+        wanted = triton.cdiv(79, fill * sms // 128)
+        assert choices._warmup_chunks(over, 79, True, 4, fill, backward=True) == wanted
+    assert choices._warmup_chunks(over, 79, True, 4, 8) == triton.cdiv(79, 8 * sms // 256)
+    assert choices._warmup_chunks(over, 79, True, 4, 1, backward=True) == 79
     assert choices._warmup_chunks(few, 128, True, 0, 2) == 128  # min_chunks 0: off
     # 32-wide programs without WARMUP_WIDE: twice as many, half the segments
     monkeypatch.setattr(choices, "WARMUP_WIDE", False)
-    assert choices._warmup_chunks(over, 79, True, 4, 2) == 79
+    assert choices._warmup_chunks(over, 79, True, 4, 2, backward=True) == 79
     monkeypatch.setattr(choices, "WARMUP_WIDE", True)
     monkeypatch.setattr(choices, "WARMUP_FORWARD", False)
     assert choices._warmup_chunks(few, 128) == 128
@@ -137,3 +140,28 @@ def test_warmup_launches_take_64_wide_value_blocks_first_where_bf16_tiles_allow(
         assert [str(c) for c in choices._warmup_configs(other)] == [str(c) for c in choices._sequential_configs(other)]
     monkeypatch.setattr(choices, "WARMUP_WIDE", False)
     assert [str(c) for c in choices._warmup_configs(wide)] == [str(c) for c in choices._sequential_configs(wide)]
+
+
+def test_the_forwards_warmups_go_wide_only_where_its_narrow_programs_leave_sms_idle(monkeypatch):
+    monkeypatch.setattr(choices, "WARMUP_WIDE", True)
+    monkeypatch.setattr(choices, "WARMUP_WIDE_FORWARD_ALWAYS", False)
+    few = choices._shape_class(1, 32768, 8, 128, 128, "bf16", None)  # 64 programs of 16 columns
+    filled = choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)  # 256 of 32 columns
+    sms = choices.DEFAULT_SM_COUNT
+    assert 64 < sms <= 256
+    for backward in (False, True):
+        assert choices._warmup_configs(few, backward)[0].kwargs["BV"] == 64
+        assert choices._warmup_splits_heads(few, backward)
+    # the backward's wide where the forward keeps the one-segment pass's list (and its segments:
+    # 256 narrow programs fill the SMs twice over at fill 1, so no split)
+    assert choices._warmup_configs(filled, True)[0].kwargs["BV"] == 64
+    assert choices._warmup_splits_heads(filled, True) and not choices._warmup_splits_heads(filled)
+    assert [str(c) for c in choices._warmup_configs(filled)] == [
+        str(c) for c in choices._sequential_configs(filled)]
+    assert choices._warmup_chunks(filled, 32, True, 4, 1) == 32
+    assert choices._warmup_chunks(filled, 32, True, 4, 1, backward=True) == 32
+    assert choices._warmup_chunks(filled, 32, True, 4, 2, backward=True) == 16
+    assert choices._warmup_chunks(filled, 32, True, 4, 2) == 32
+    monkeypatch.setattr(choices, "WARMUP_WIDE_FORWARD_ALWAYS", True)
+    assert choices._warmup_configs(filled)[0].kwargs["BV"] == 64
+    assert choices._warmup_chunks(filled, 32, True, 4, 2) == 16
