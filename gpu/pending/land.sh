@@ -18,6 +18,8 @@ OUT_DIR=$1 HASH=$2 BUDGET=${3:-560}
 TESTS_K=${TESTS_K:-"warmup or exact_heads or segment or launch"}
 STATE=/tmp/land-$HASH
 SWEEP=${SWEEP:-off,on2,on2a,on2n}
+# TESTS_S caps the kernel tests' seconds; TESTS_LAST=1 runs them after fla and the Titans bench
+TESTS_S=${TESTS_S:-600}
 mkdir -p "$OUT_DIR" "$STATE"
 export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 [ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
@@ -30,6 +32,18 @@ fi
 if [ -e "$STATE/site" ] && [ ! -e "$STATE/z3" ] && ls .whl2/z3_solver-*.whl > /dev/null 2>&1; then
   bash gpu/grid_references.sh z3 && touch "$STATE/z3" && log "z3-solver installed"
 fi
+kernel_tests() {
+  [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ] || return 0
+  local limit=$(($(left) - 10)); [ "$limit" -gt "$TESTS_S" ] && limit=$TESTS_S
+  timeout "$limit" python3 -m pytest -q -n 8 -p no:warnings -p no:cacheprovider \
+    tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
+    tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
+    tests/kernels/test_kernels_delta_rule_fused_output.py -k "$TESTS_K" > "$OUT_DIR/tests.log" 2>&1
+  rc=$?
+  log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
+  [ $rc -eq 0 ] && touch "$STATE/tests"
+}
 if [ ! -e "$STATE/check" ] && [ "$(left)" -gt 300 ]; then
   timeout $(($(left) - 10)) bash gpu/check.sh "$OUT_DIR/chk" --no-tests --commit "$HASH" > "$OUT_DIR/chk.log" 2>&1
   rc=$?
@@ -43,27 +57,19 @@ if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
     "$SWEEP" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
-if [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ]; then
-  timeout $(($(left) - 10)) python3 -m pytest -q -n 8 -p no:warnings -p no:cacheprovider \
-    tests/kernels/test_kernels_delta_rule.py tests/kernels/test_kernels_launch_options.py \
-    tests/kernels/test_kernels_state_passes.py tests/kernels/test_kernels_delta_rule_overlapped.py \
-    tests/kernels/test_kernels_delta_rule_fused_output.py -k "$TESTS_K" > "$OUT_DIR/tests.log" 2>&1
-  rc=$?
-  log "kernel tests rc $rc at $SECONDS s: $(tail -1 "$OUT_DIR/tests.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -20 | tee -a "$OUT_DIR/log"
-  [ $rc -eq 0 ] && touch "$STATE/tests"
-fi
+[ -n "${TESTS_LAST:-}" ] || kernel_tests
 # fla as installed (FlashQLA on Hopper) beside ours, in one process: the shapes of 8 heads first
 # (one autotune of fla's; TileLang compiles once for batch 1, once for batch > 1)
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
   PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
-    "$OUT_DIR/sweep-fla.json" "1,32768,8,128;2,8192,8,128;8,2048,8,128;1,32768,8,128w;4,4096,16,128" \
+    "$OUT_DIR/sweep-fla.json" "1,32768,8,128;2,8192,8,128;8,2048,8,128;1,32768,8,128w;4,4096,16,128;3,5000,12,128" \
     on2,fla 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
 fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
+[ -z "${TESTS_LAST:-}" ] || kernel_tests
 if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   OUT=$OUT_DIR/auto BUDGET=$(($(left) - 10)) TUNE_S=200 bash gpu/auto.sh > /dev/null 2>&1
   log "auto: $(tail -3 "$OUT_DIR/auto/log" | tr '\n' ' ')"
