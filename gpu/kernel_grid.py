@@ -66,6 +66,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ltm.bench import kernel_grid_run as kg  # noqa: E402
+from ltm.bench.references import REFERENCES  # noqa: E402
 
 
 def parse(argv: list | None) -> argparse.Namespace:
@@ -99,6 +100,10 @@ def parse(argv: list | None) -> argparse.Namespace:
     parser.add_argument("--graph", action="store_true",
                         help="also time each pass replayed from a CUDA graph (the GPU's time, "
                              "no host work): *_graph, x_fla_*_graph")
+    parser.add_argument("--paths", metavar="NAME,...",
+                        help="time only these fla paths (fla_triton, fla_installed, fla_gated_g0; "
+                             "default: every one that applies): each path left out saves its "
+                             "autotuning")
     parser.add_argument("--tiny", "--smoke", action="store_true", dest="tiny",
                         help="tiny shapes in Triton's interpreter on the CPU: the bookkeeping only")
     return parser.parse_args(argv)
@@ -107,7 +112,11 @@ def parse(argv: list | None) -> argparse.Namespace:
 def main(argv: list | None = None) -> None:
     args = parse(argv)
     kg.check_order()
-    grid = kg.Grid(torch.device("cpu" if args.tiny else "cuda"), args.graph)
+    known = {ref.name for refs in REFERENCES.values() for ref in refs}
+    paths = tuple(args.paths.split(",")) if args.paths else None
+    if paths and set(paths) - known:
+        raise SystemExit(f"--paths: unknown {sorted(set(paths) - known)}; known: {sorted(known)}")
+    grid = kg.Grid(torch.device("cpu" if args.tiny else "cuda"), args.graph, paths=paths)
     order = kg.ORDER
     if args.tiny:
         order = kg.TINY_ORDER

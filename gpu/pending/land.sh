@@ -4,7 +4,7 @@
 # (gpu/warmup_sweep.py's variants, SWEEP; the default for `delta-rule-warmup-forward-width.patch`:
 # off; on2 = the patch's default, the forward's warm-ups wide only where its narrow programs leave
 # SMs idle; on2a = wide always, c0dd6cf's default; on2n = narrow), the warm-up and launch kernel
-# tests, fla as installed (with FlashQLA) beside on2, the deep Titans memory's two-loop bench
+# tests, fla as installed (with FlashQLA) beside ours by the kernel grid, the deep Titans memory's two-loop bench
 # (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`.
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
 # fla's sweep waits for both, so carry .whl in the first call and .whl2 in the second.
@@ -58,12 +58,15 @@ if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
 [ -n "${TESTS_LAST:-}" ] || kernel_tests
-# fla as installed (FlashQLA on Hopper) beside ours, in one process: the shapes of 8 heads first
-# (one autotune of fla's; TileLang compiles once for batch 1, once for batch > 1)
+# fla as installed (FlashQLA on Hopper) beside ours in one process, by the kernel grid (its record
+# is the report's, with the backends fla's dispatch log names): the shapes of 8 heads first (one
+# autotune of fla's; TileLang compiles once for batch 1, once for batch > 1), the untuned last
+FLA_SHAPES=${FLA_SHAPES:-"1,32768,8,128;8,2048,8,128;2,8192,8,128;4,4096,16,128;3,5000,12,128;1,32768,4,128;2,6000,6,128"}
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
-  PYTHONPATH=/tmp/site:$PWD FLA_CACHE_RESULTS=1 timeout $(($(left) - 5)) python3 gpu/warmup_sweep.py \
-    "$OUT_DIR/sweep-fla.json" "1,32768,8,128;2,8192,8,128;8,2048,8,128;1,32768,8,128w;4,4096,16,128;3,5000,12,128" \
-    on2,fla 2>&1 | tee -a "$OUT_DIR/log"
+  timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part 1/2 --only gated_delta_rule \
+    --no-default --fla-past-hopper-guard --paths fla_installed --commit "$HASH" \
+    --budget-s $(($(left) - 60)) --out "$OUT_DIR" --name kernel-grid-references \
+    --shapes "$FLA_SHAPES" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
 fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then

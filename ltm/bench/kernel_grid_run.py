@@ -53,9 +53,11 @@ TINY_DECODE = ((1, 2), ((2, 32),))
 class Grid:
     """Where and how a run measures: the device (cpu only for the interpreter's dry run), whether
     each pass is also replayed from a CUDA graph (the GPU's time without the host's), and the
-    decode steps' batches and (H, D) heads."""
+    decode steps' batches and (H, D) heads, and which fla paths are timed (None: every one
+    `ltm.bench.references.references` names; a name list saves the others' autotuning)."""
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cuda"))
     graph: bool = False
+    paths: tuple | None = None
     decode_batches: tuple = DECODE_BATCHES
     decode_heads: tuple = DECODE_HEADS
 
@@ -150,6 +152,8 @@ def measure_references(grid: Grid, op: str, x: dict, row: dict) -> dict:
     Returns name -> (function, switches) of the paths that could be imported."""
     paths = {}
     for ref in references(op):
+        if grid.paths is not None and ref.name not in grid.paths:
+            continue
         fn = entry(ref.entry)
         if fn is None:
             row[f"{ref.name}_error"] = "not installed"
@@ -246,7 +250,8 @@ def warm_group(grid: Grid, ops: list, shape: tuple) -> None:
     for op in ops:
         torch.manual_seed(0)
         x = make_inputs(op, *shape, torch.bfloat16, grid.device)
-        runs = [(ours(op), {})] + [(entry(ref.entry), ref.switches) for ref in references(op)]
+        runs = [(ours(op), {})] + [(entry(ref.entry), ref.switches) for ref in references(op)
+                                   if grid.paths is None or ref.name in grid.paths]
         for fn, switches in runs:
             if fn is None:
                 continue

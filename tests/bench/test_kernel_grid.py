@@ -85,3 +85,12 @@ def test_the_grid_script_runs_its_bookkeeping_on_the_cpu(tmp_path):
     assert grid and all(r["op"] == "delta_rule" and r["ours_fwd"] > 0 and r["ours_fb"] > 0 for r in grid)
     assert record["summary"]["delta_rule_fwd"]["n"] == 0  # no fla here: no ratio to report
     assert {r["impl"] for r in record["rows"]} == {"triton", "fla"}
+
+
+def test_the_grid_script_names_an_unknown_fla_path_in_one_line(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "gpu" / "kernel_grid.py"), "--tiny", "--paths",
+                           "fla_instaled", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "--paths: unknown ['fla_instaled']" in done.stderr and "fla_installed" in done.stderr

@@ -85,6 +85,19 @@ def test_the_grid_row_takes_the_fastest_path_and_names_its_backend(monkeypatch):
     assert summary["geomean_x_fla_triton"] == pytest.approx(1.5)
 
 
+def test_a_grid_limited_to_some_paths_times_only_those(monkeypatch):
+    # Grid.paths (gpu/kernel_grid.py --paths): fla_triton left out is neither timed nor named
+    monkeypatch.setattr(kg, "references", lambda op: refs.REFERENCES["gated_delta_rule"])
+    monkeypatch.setattr(kg, "entry", lambda name: _stand_in)
+    times = iter([1.0, 4.0])
+    monkeypatch.setattr(kg.Grid, "bench", lambda self, fn, warmup, rep, grads=None: next(times))
+    grid = kg.Grid(torch.device("cpu"), paths=("fla_installed",))
+    row = {"section": "grid", "op": "gated_delta_rule", "shape": [1, 3, 1, 2]}
+    kg.measure_references(grid, "gated_delta_rule", {"q": torch.randn(2, 3, requires_grad=True)}, row)
+    assert row["references"] == ["fla_installed"] and "fla_triton_fwd" not in row
+    assert row["fla_fwd"] == 1.0 and row["fla_fb"] == 4.0
+
+
 def test_errors_are_measured_against_every_path_and_gradients_against_the_first():
     x = {"q": torch.randn(4, 3, requires_grad=True)}
     row = {"fla_triton_fwd": 1.0, "fla_triton_fb": 1.0, "fla_installed_fwd": 1.0}
