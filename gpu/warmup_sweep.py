@@ -18,7 +18,7 @@ from ltm.bench.kernels import make_inputs, implementations
 from ltm.bench.host_overhead import pass_fn
 from ltm.bench.timing import gpu_ms, graph_ms
 from ltm.kernels import tuning
-from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule import segment_choices, triton_chunk_delta_rule
 
 WARMUP_LAUNCHES = ("delta_rule.fwd_warmup", "delta_rule.fwd_warmup_output", "delta_rule.bwd_warmup")
 
@@ -27,18 +27,18 @@ def variant_fn(var: str):
     """The variant's call, with the module switches and forced launches it needs set."""
     for name in WARMUP_LAUNCHES:
         tuning.FORCED.pop(name, None)
-    launch_choices.WARMUP_FILL, launch_choices.WARMUP_BACKWARD = 2, True
-    launch_choices.WARMUP_WIDE, launch_choices.WARMUP_SPLIT_HEADS = True, True
-    launch_choices.WARMUP_WIDE_FORWARD_ALWAYS = False
+    segment_choices.WARMUP_FILL, segment_choices.WARMUP_BACKWARD = 2, True
+    segment_choices.WARMUP_WIDE, segment_choices.WARMUP_SPLIT_HEADS = True, True
+    segment_choices.WARMUP_WIDE_FORWARD_ALWAYS = False
     if var == "off":
         return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], warmup=False)[0]
     kind, fill, narrow, joined, always, forced = re.fullmatch(
         r"(on|fw)(\d+)(n?)(x?)(a?)(?::(b\d+w\d+s\d+))?", var).groups()
-    launch_choices.WARMUP_FILL = int(fill)
-    launch_choices.WARMUP_WIDE = not narrow
-    launch_choices.WARMUP_SPLIT_HEADS = not joined
-    launch_choices.WARMUP_WIDE_FORWARD_ALWAYS = bool(always)
-    launch_choices.WARMUP_BACKWARD = kind == "on"
+    segment_choices.WARMUP_FILL = int(fill)
+    segment_choices.WARMUP_WIDE = not narrow
+    segment_choices.WARMUP_SPLIT_HEADS = not joined
+    segment_choices.WARMUP_WIDE_FORWARD_ALWAYS = bool(always)
+    segment_choices.WARMUP_BACKWARD = kind == "on"
     if forced:
         bv, warps, stages = map(int, re.findall(r"\d+", forced))
         for name in WARMUP_LAUNCHES:

@@ -1,10 +1,11 @@
 """Chunked (gated) delta rule in Triton: the launchers, the autograd Function and the public op
 `triton_chunk_delta_rule`. The kernels are in `chunk_prep.py`, `chunk_fwd.py` and `chunk_bwd.py`;
-what each launch chooses (chunk, value blocks, warps, stages; the forward's segments) in
-`launch_choices.py`: per kernel a short list of launch configurations per shape class, measured
-default first; on a GPU `ltm.kernels.tuning` times a list once per class and keeps the fastest when
-asked, otherwise the default runs. The variants gpu/delta_rule_variants.py times (tile precision,
-the inverse, the backward's buffer dtypes) are switches here.
+what each launch chooses (chunk, value blocks, warps, stages) in `launch_choices.py`, the state
+passes' segments and warm-ups in `segment_choices.py`: per kernel a short list of launch
+configurations per shape class, measured default first; on a GPU `ltm.kernels.tuning` times a list
+once per class and keeps the fastest when asked, otherwise the default runs. The variants
+gpu/delta_rule_variants.py times (tile precision, the inverse, the backward's buffer dtypes) are
+switches here.
 
 Per chunk of BT tokens, with G the in-chunk cumulative log decay and S0 the state entering it:
     A    = strict_lower(beta_i k_i.k_j exp(G_i - G_j)),  L = I + A
@@ -16,7 +17,7 @@ chunk_fwd.py `_fwd_kernel` (sequential over chunks: states and D), `_output_kern
 O). A forward that no backward follows (no input needs a gradient, or no_grad) keeps nothing for
 one: no L^-1, and where `launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O
 itself, chunk by chunk, so the per-chunk states and D are never stored. Where
-`launch_choices._overlaps_output` (64-127 programs: SMs idle during the state pass),
+`segment_choices._overlaps_output` (64-127 programs: SMs idle during the state pass),
 `_fwd_overlapped_kernel` runs the state pass and the outputs in one launch, each group of chunks'
 outputs as soon as its states are stored. Backward kernels
 (chunk_bwd.py): `_bwd_local_kernel` (chunk-parallel: the in-chunk parts of dD and of the state
@@ -44,8 +45,8 @@ from ltm.kernels.delta_rule.chunk_prep import _prep_fwd_kernel
 from ltm.kernels.delta_rule.state_passes import (_args, _bwd_states, _fwd_overlapped, _fwd_states,
                                                  _overlap_counts)
 # the launch choices, imported by name: `chunk.CHUNK`, `chunk._bwd_chunk_configs`, ... read as
-# before (patch `launch_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
-from ltm.kernels.delta_rule import launch_choices
+# before (patch `segment_choices.SEGMENTED_FORWARD` there, where `_segment_chunks` reads it)
+from ltm.kernels.delta_rule import launch_choices, segment_choices
 from ltm.kernels.delta_rule.launch_choices import (  # noqa: F401
     CHUNK, _bwd_chunk_configs, _bwd_local_configs, _parallel_configs, _prep_configs, _programs_32,
     _sequential_configs, _shape_class, _sm_count)
@@ -129,8 +130,8 @@ def _overlaps(cls: tuple, NT: int, backward: bool, opts: _Options) -> bool:
     if opts.overlap_output is not None:
         return NT > 1 and _forced(opts.overlap_output, backward)
     if opts.segments is None:
-        return launch_choices._overlaps_output(cls, NT, backward)
-    return launch_choices._overlaps_output(cls, NT, backward, segments=opts.segments)
+        return segment_choices._overlaps_output(cls, NT, backward)
+    return segment_choices._overlaps_output(cls, NT, backward, segments=opts.segments)
 
 
 def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, backward=True,
@@ -160,10 +161,10 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     # the per-chunk states and D: for the output kernel or the backward
     h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
             if backward or not fused else (None, None))
-    # a gated forward by decay warm-ups (`launch_choices`, "Warm-ups"; NT chunks: one segment, not
+    # a gated forward by decay warm-ups (`segment_choices`, "Warm-ups"; NT chunks: one segment, not
     # by warm-ups): before the overlapped launch's rule, after a call's forced overlap_output
     warmup_chunks = (NT if g is None else
-                     launch_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ())))
+                     segment_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ())))
     overlapped = (not fused and _overlaps(cls, NT, backward, opts)
                   and (opts.overlap_output is not None or warmup_chunks == NT))
     ready = _overlap_counts(B * H, NT, dev) if overlapped else None
@@ -213,9 +214,9 @@ def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options
     buffers = opts.bwd_buffers
     dd = nan_buffer((B, T, H, V), _bwd_dtype("dd", mid, buffers), dev)
     dh_local = nan_buffer((B * H, NT, K, V), _bwd_dtype("dh_local", mid, buffers), dev)
-    # a gated state pass by warm-ups (`launch_choices`, "Warm-ups") reads dd and dh_local as
+    # a gated state pass by warm-ups (`segment_choices`, "Warm-ups") reads dd and dh_local as
     # `_bwd_local` leaves them: it writes dD and dh elsewhere
-    warmup_chunks = (launch_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ()),
+    warmup_chunks = (segment_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ()),
                                                    backward=True) if gated else NT)
     dh = (dh_local if _bwd_dtype("dh", mid, buffers) == dh_local.dtype and warmup_chunks == NT
           else nan_buffer((B * H, NT, K, V), _bwd_dtype("dh", mid, buffers), dev))
@@ -322,17 +323,17 @@ def triton_chunk_delta_rule(
             backward ("inference") or "both", at every shape (default
             `launch_choices._fuses_output`'s rule).
         overlap_output: the state pass and the outputs in one launch, likewise, wherever the
-            sequence has two chunks or more (default `launch_choices._overlaps_output`'s rule).
+            sequence has two chunks or more (default `segment_choices._overlaps_output`'s rule).
         segments: (min_chunks, fill): the forward's and the backward's state passes by segments
             of at least min_chunks chunks (0: off), as many as bring the programs to about fill
-            times the SMs (default `launch_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`,
+            times the SMs (default `segment_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`,
             `MIN_SEGMENT_CHUNKS`, `SEGMENT_FILL`).
         bwd_buffers: the backward's buffer dtypes by name ("dd", "dh_local", "dh"), "mid" (the
             intermediates' dtype) or "f32"; names left out keep `BWD_BUFFERS`'.
         warmup: a gated call's state passes by segments that each warm their entering state
             (the backward's: the gradient at their end) up from zeros a few chunks away, where the
-            decay has fallen below exp(`launch_choices.WARMUP_LOG_FLOOR`) (True; `segments` then
-            sizes them), or not (False) (default `launch_choices.WARMUP_FORWARD`,
+            decay has fallen below exp(`segment_choices.WARMUP_LOG_FLOOR`) (True; `segments` then
+            sizes them), or not (False) (default `segment_choices.WARMUP_FORWARD`,
             `WARMUP_BACKWARD`). Within the floor when beta |k|^2 is in [0, 2] (unit keys, beta in
             [0, 1]), exact where the decay stays above it.
     """

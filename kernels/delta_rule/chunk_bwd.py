@@ -2,8 +2,8 @@
 
 `_bwd_local_kernel` (chunk-parallel): the in-chunk parts of dD and of the state gradients, dq, the
     in-chunk score gradient dS and dG's share of the scores.
-`_bwd_state_kernel` (sequential, backwards over chunks, or by segments: launch_choices.py): the rest
-    of dD and of the state gradients.
+`_bwd_state_kernel` (sequential, backwards over chunks, or by segments: segment_choices.py): the
+    rest of dD and of the state gradients.
 `_bwd_chunk_kernel` (chunk-parallel): dk, dv, dbeta, dg.
 """
 from __future__ import annotations
@@ -88,8 +88,8 @@ def _bwd_state_kernel(k, w, gcum, dd, dh_local, dh, dht, dh0, T, H, HQ, K: tl.co
     # dh0[i_bh NS + i_s]. MODE 0 stores dD and dh as above; MODE 1 stores nothing on the way (the
     # segment's own share of the gradient at its start, from a zero gradient at its end); MODE 2
     # starts from the identity with no dO (V = K): its end is the segment's transition transposed,
-    # P_s^T (launch_choices.py, "Segments"). Unsegmented (the default) compiles as before.
-    # WARMUP (SEGMENTED, MODE 0; launch_choices.py, "Warm-ups"): each segment warms the gradient
+    # P_s^T (segment_choices.py, "Segments"). Unsegmented (the default) compiles as before.
+    # WARMUP (SEGMENTED, MODE 0; segment_choices.py, "Warm-ups"): each segment warms the gradient
     # at its end up alone, from zeros a few chunks later, where the decay is below exp(LOG_FLOOR),
     # reading those chunks' dd and dh_local as `_bwd_local` left them: so dD goes to dd_out and
     # dh is not dh_local (elsewhere dd_out is dd and is not read). WARMUP 2 and 3 split the heads
@@ -201,7 +201,7 @@ def _warmed_gradient(k, w, gcum, dd, dh_local, dht, b_ds, i_v, i_b, i_h, i_hq, i
                      PRECISION: tl.constexpr):
     # the gradient of the state leaving chunk t_end - 1, from zeros at `_warmup_end`'s chunk end:
     # off by at most exp(LOG_FLOOR) of the gradient there (each chunk's adjoint map is the
-    # transpose of the forward's, of norm <= exp(G_last); launch_choices.py, "Warm-ups"), exact
+    # transpose of the forward's, of norm <= exp(G_last); segment_choices.py, "Warm-ups"), exact
     # (from dht) where the decay never gets that low. The chunks' dD are their own segments' to
     # store: read here, not written
     NT = tl.cdiv(T, BT)

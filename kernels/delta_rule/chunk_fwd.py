@@ -3,7 +3,7 @@ U per chunk); `chunk.py` launches them and gives the maths.
 
 `_fwd_kernel` (sequential over chunks): the state entering each chunk and the applied deltas
 D = U - W S0. `_output_kernel` (chunk-parallel): O.
-With segments (launch_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
+With segments (segment_choices.py): `_fwd_kernel` per segment in parallel (end states from zeros and
 transition matrices), `_segment_states_kernel` (sequential over segments), `_fwd_kernel` again;
 or, with decay warm-ups (WARMUP), `_fwd_kernel` once, each segment from zeros a few chunks before.
 `_fwd_overlapped_kernel`: `_fwd_kernel`'s and `_output_kernel`'s work (`_state_pass`, `_output_tile`)
@@ -30,10 +30,10 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
     # i_s] (or zeros) to its end state in ht[i_bh NS + i_s]; otherwise (the default, compiled as
     # before segments existed) program (i_v, i_bh) walks the whole sequence from h0[i_bh].
     # TRANSITION: U taken as 0 and the state started from the identity (V = K), so that the end
-    # state is the segment's transition matrix (launch_choices.py, "Segments").
+    # state is the segment's transition matrix (segment_choices.py, "Segments").
     # FUSE_O: the outputs too, chunk by chunk as the state passes (`_output_kernel`'s maths), so a
     # forward without a backward neither writes nor reads the per-chunk states and D (STORE_HD off)
-    # WARMUP (with SEGMENTED; launch_choices.py, "Warm-ups"): each segment finds its entering state
+    # WARMUP (with SEGMENTED; segment_choices.py, "Warm-ups"): each segment finds its entering state
     # alone, from zeros a few chunks earlier, where the decay since then is below exp(LOG_FLOOR);
     # heads that never decay that far run exact in one program. WARMUP 2: the decaying heads only
     # (the others' programs do nothing); 3: the others only, exact, on a grid of one program per

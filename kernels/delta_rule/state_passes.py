@@ -1,5 +1,5 @@
 """The sequential state passes of the chunked (gated) delta rule and their launches, forward and
-backward, in one sequential kernel or by segments (`launch_choices`, "Segments"; gated calls also
+backward, in one sequential kernel or by segments (`segment_choices`, "Segments"; gated calls also
 by decay warm-ups, "Warm-ups"), and the forward's state pass overlapped with the outputs;
 `chunk.py` runs them between its chunk-parallel kernels and gives the maths. The kernels are in
 `chunk_fwd.py` and `chunk_bwd.py`.
@@ -10,7 +10,7 @@ import torch
 
 from ltm.kernels import tuning
 from ltm.kernels.common import block_size, cdiv, nan_buffer, poisoning_buffers
-from ltm.kernels.delta_rule import launch_choices
+from ltm.kernels.delta_rule import launch_choices, segment_choices
 from ltm.kernels.delta_rule.chunk_bwd import _bwd_chunk_kernel, _bwd_local_kernel, _bwd_state_kernel
 from ltm.kernels.delta_rule.chunk_fwd import (_fwd_kernel, _fwd_overlapped_kernel, _output_kernel,
                                               _segment_states_kernel)
@@ -33,9 +33,9 @@ def _args(kernel: str, *values) -> dict:
 def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None,
                 warmup_chunks=None):
     """The forward's state pass: the state entering each chunk into h, D into d, the final state
-    into ht (None: not asked for); in one sequential kernel, or by segments (`launch_choices`,
+    into ht (None: not asked for); in one sequential kernel, or by segments (`segment_choices`,
     "Segments": off by default; `segments`: one call's (min_chunks, fill)), or by segments of
-    `warmup_chunks` chunks that each warm their entering state up from zeros (`launch_choices`,
+    `warmup_chunks` chunks that each warm their entering state up from zeros (`segment_choices`,
     "Warm-ups": gated calls only). fused_o = (q, o, scale): the outputs into o in the same pass
     (one segment, or warm-ups); h and d may then be None (not stored)."""
     T, H, HQ, K, V = dims
@@ -48,14 +48,15 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
     if warmup_chunks is not None and warmup_chunks < NT:
         name, configs = (
             ("delta_rule.fwd_warmup_output", launch_choices._fused_output_configs(cls))
-            if fused_o is not None else ("delta_rule.fwd_warmup", launch_choices._warmup_configs(cls)))
+            if fused_o is not None
+            else ("delta_rule.fwd_warmup", segment_choices._warmup_configs(cls)))
         # (split: the exact heads in a launch of their own, on the one-segment pass's blocks)
-        split = fused_o is None and launch_choices._warmup_splits_heads(cls)
+        split = fused_o is None and segment_choices._warmup_splits_heads(cls)
         warmup = {**common, "u": u, "h": h, "d": d, "h0": h0, "ht": ht, "SEG": warmup_chunks,
                   "V": V, "USE_H0": h0 is not None, "STORE_HT": ht is not None,
                   "STORE_HD": h is not None, "SEGMENTED": True, "TRANSITION": False,
                   "FUSE_O": fused_o is not None, "WARMUP": 2 if split else True,
-                  "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision]}
+                  "LOG_FLOOR": segment_choices.WARMUP_LOG_FLOOR[precision]}
         tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
                       configs, cls, warmup)
         if split:
@@ -63,8 +64,9 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
                           lambda m: (cdiv(V, m["BV"]), BH, 1), _sequential_configs(cls), cls,
                           {**warmup, "WARMUP": 3})
         return
-    seg = (NT if fused_o is not None else launch_choices._segment_chunks(cls, NT) if segments is None
-           else launch_choices._segment_chunks(cls, NT, *segments))
+    seg = (NT if fused_o is not None
+           else segment_choices._segment_chunks(cls, NT) if segments is None
+           else segment_choices._segment_chunks(cls, NT, *segments))
     NS = cdiv(NT, seg)
     common["SEG"] = seg
     pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": h is not None, "SEGMENTED": NS > 1,
@@ -125,13 +127,13 @@ def _overlap_counts(BH: int, NT: int, device: torch.device) -> torch.Tensor:
 def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, segments=None,
                 warmup_chunks=None, dd_out=None):
     """The backward's state pass (it adds to dd and may write dh over dh_local: tuning restores
-    them after each timed run): one sequential kernel, or by segments (`launch_choices`,
+    them after each timed run): one sequential kernel, or by segments (`segment_choices`,
     "Segments"; `segments`: one call's (min_chunks, fill)): (1) every segment in parallel from a
     zero gradient at its end (its own share at its start) and, from the identity with no dO, its
     transition transposed; (2) `_segment_states_kernel` backwards over the segments for the
     gradient at each segment's end; (3) every segment in parallel from it, storing dD and dh.
     Or by segments of `warmup_chunks` chunks that each warm the gradient at their end up from zeros
-    (`launch_choices`, "Warm-ups": gated calls only), in one launch; dD then goes to dd_out, and
+    (`segment_choices`, "Warm-ups": gated calls only), in one launch; dD then goes to dd_out, and
     dh must not be dh_local (the warm-ups read the later segments' dd and dh_local)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
@@ -141,20 +143,20 @@ def _bwd_states(k, w, gcum, dd, dh_local, dh, dht, dh0, dims, precision, cls, se
               "PRECISION": precision, "WARMUP": False, "LOG_FLOOR": 0., "dd_out": dd}
     if warmup_chunks is not None and warmup_chunks < NT:
         assert dd_out is not None and dh is not dh_local, "warm-ups read dd and dh_local as left"
-        split = launch_choices._warmup_splits_heads(cls, backward=True)  # (as the forward's)
+        split = segment_choices._warmup_splits_heads(cls, backward=True)  # (as the forward's)
         warmup = {**common, "USE_DHT": dht is not None, "STORE_DH0": dh0 is not None,
                   "SEG": warmup_chunks, "SEGMENTED": True, "MODE": 0, "WARMUP": 2 if split else True,
-                  "LOG_FLOOR": launch_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out}
+                  "LOG_FLOOR": segment_choices.WARMUP_LOG_FLOOR[precision], "dd_out": dd_out}
         tuning.launch("delta_rule.bwd_warmup", _bwd_state_kernel,
                       lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
-                      launch_choices._warmup_configs(cls, backward=True), cls, warmup)
+                      segment_choices._warmup_configs(cls, backward=True), cls, warmup)
         if split:
             tuning.launch("delta_rule.bwd_warmup_exact", _bwd_state_kernel,
                           lambda m: (cdiv(V, m["BV"]), BH, 1), _sequential_configs(cls), cls,
                           {**warmup, "WARMUP": 3})
         return
-    seg = (launch_choices._segment_chunks(cls, NT, backward=True) if segments is None
-           else launch_choices._segment_chunks(cls, NT, *segments))
+    seg = (segment_choices._segment_chunks(cls, NT, backward=True) if segments is None
+           else segment_choices._segment_chunks(cls, NT, *segments))
     NS = cdiv(NT, seg)
     if NS == 1:
         tuning.launch("delta_rule.bwd_state", _bwd_state_kernel, lambda m: (cdiv(V, m["BV"]), BH),

@@ -83,9 +83,9 @@ def launch_options(segments: int, fill: int, fused: str, overlap: str, warmup: s
     the state passes (forward and backward) by segments of at least `segments` chunks (0: off), as many as bring
     the programs to about `fill` times the SM count; which forwards take the outputs out of the
     state pass (`fused`) and which run the state pass and the outputs in one launch (`overlap`):
-    "default" as launch_choices chooses, "none", "inference" or "both" forced at every shape; the
-    gated state passes' segments, forward and backward, by decay warm-ups (`warmup`: "default",
-    "off" or "on")."""
+    "default" as launch_choices (fused) and segment_choices (overlap) choose, "none", "inference"
+    or "both" forced at every shape; the gated state passes' segments, forward and backward, by
+    decay warm-ups (`warmup`: "default", "off" or "on")."""
     # 0: off, the module's own default, so that a default run passes no options at all
     return {"segments": (segments, fill) if segments else None,
             "fuse_output": None if fused == "default" else fused,
@@ -148,19 +148,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", default="triton,fla", help="of triton (ours), fla")
     parser.add_argument("--segments", nargs="+", type=int, default=[0],
                         help="each run of ours: the delta rule's state passes (forward, backward) by segments of at "
-                             "least N chunks (ltm.kernels.delta_rule.launch_choices; 0: off, the default)")
+                             "least N chunks (ltm.kernels.delta_rule.segment_choices; 0: off, "
+                             "the default)")
     parser.add_argument("--fused-output", nargs="+", default=["default"], choices=OUTPUT_CHOICES,
                         help="ours: which forwards take the outputs out of the state pass, forced "
                              "(default: launch_choices._fuses_output's rule), one run each")
     parser.add_argument("--overlapped-output", nargs="+", default=["default"], choices=OUTPUT_CHOICES,
                         help="ours: which forwards run the state pass and the outputs in one launch, "
-                             "forced (default: launch_choices._overlaps_output's rule), one run each")
+                             "forced (default: segment_choices._overlaps_output's rule), "
+                             "one run each")
     parser.add_argument("--warmup", nargs="+", default=["default"], choices=["default", "off", "on"],
                         help="ours: the gated state passes' segments (forward and backward) by decay "
-                             "warm-ups, forced (default: launch_choices.WARMUP_FORWARD's and "
+                             "warm-ups, forced (default: segment_choices.WARMUP_FORWARD's and "
                              "WARMUP_BACKWARD's rule), one run each")
     parser.add_argument("--segment-fill", nargs="+", type=int, default=[2],
-                        help="with segments: programs to about N times the SM count (launch_choices.SEGMENT_FILL)")
+                        help="with segments: programs to about N times the SM count "
+                             "(segment_choices.SEGMENT_FILL)")
     return parser.parse_args(argv)
 
 

@@ -131,12 +131,12 @@ def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[
         finally:
             delta_rule.launch_choices._fuses_output = fuses
         # the state pass and the outputs in one launch (forced: the rule takes it at 64-131 programs)
-        overlaps = delta_rule.launch_choices._overlaps_output
-        delta_rule.launch_choices._overlaps_output = lambda *a, **kw: True
+        overlaps = delta_rule.segment_choices._overlaps_output
+        delta_rule.segment_choices._overlaps_output = lambda *a, **kw: True
         try:
             delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True)
         finally:
-            delta_rule.launch_choices._overlaps_output = overlaps
+            delta_rule.segment_choices._overlaps_output = overlaps
     return record_launches(launch)
 
 

@@ -302,8 +302,8 @@ def test_grouped_heads_match_the_token_loop_on_repeated_heads(B, T, HQ, D, group
 def test_grouped_heads_by_warmups_match_the_token_loop(monkeypatch):
     # both state passes by warm-ups in segments of 3 and 2 chunks ("medium" decay: three chunks
     # each), two states per head of q, k, v, against the float64 loop on the repeated heads
-    from ltm.kernels.delta_rule import launch_choices
-    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+    from ltm.kernels.delta_rule import segment_choices
+    monkeypatch.setattr(segment_choices, "MIN_WARMUP_CHUNKS", 2)
     launched = spy_on_launches(monkeypatch)
     seed = case_seed()
     q, k, v, beta, g, h0 = make_inputs(1, 4 * CHUNK + 9, 4, 32, 32, "medium", True, torch.float32, seed)
@@ -338,7 +338,7 @@ def test_grouped_heads_need_a_multiple_of_the_heads():
                                 torch.zeros(1, 4, 2, device=DEVICE))
 
 
-# the gated state passes by warm-ups (`launch_choices.WARMUP_FORWARD`, `WARMUP_BACKWARD`), in
+# the gated state passes by warm-ups (`segment_choices.WARMUP_FORWARD`, `WARMUP_BACKWARD`), in
 # segments of at least two chunks: 7 chunks in segments of 3, 3 and 1, 4 in two of 2. "strong"
 # decay warms up over one chunk, "medium" (-8 a chunk) over two (bf16 tiles, floor -10) or three
 # (float32, -17; from the initial state at chunk 0 for the second segment), except in segments of
@@ -352,10 +352,10 @@ WARMUP_CASES += [(2, 3 * CHUNK + 1, 1, 32, 48, "medium", False), (1, 6 * CHUNK +
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in WARMUP_CASES])
 def test_state_passes_by_warmups_match_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0,
                                                      dtype):
-    from ltm.kernels.delta_rule import launch_choices
+    from ltm.kernels.delta_rule import segment_choices
     for switch in ("WARMUP_FORWARD", "WARMUP_BACKWARD"):
-        monkeypatch.setattr(launch_choices, switch, True)
-    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
+        monkeypatch.setattr(segment_choices, switch, True)
+    monkeypatch.setattr(segment_choices, "MIN_WARMUP_CHUNKS", 2)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
     assert {"delta_rule.fwd_warmup", "delta_rule.bwd_warmup"} <= set(launched)
@@ -366,13 +366,13 @@ def test_state_passes_by_warmups_match_the_token_loop(monkeypatch, B, T, H, K, V
 @pytest.mark.parametrize("decay", ("mixed", "weak"))
 def test_warmups_with_the_exact_heads_apart_match_the_token_loop(monkeypatch, decay, dtype):
     # the warm-up launch for the heads that decay to the floor, a second launch for the rest
-    # (`launch_choices._warmup_splits_heads`, forced here): "mixed" has one head of each kind at
+    # (`segment_choices._warmup_splits_heads`, forced here): "mixed" has one head of each kind at
     # bf16 tiles, "weak" only exact ones; each launch must leave the other's heads alone
-    from ltm.kernels.delta_rule import launch_choices
+    from ltm.kernels.delta_rule import segment_choices
     for switch in ("WARMUP_FORWARD", "WARMUP_BACKWARD"):
-        monkeypatch.setattr(launch_choices, switch, True)
-    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
-    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls, backward=False: True)
+        monkeypatch.setattr(segment_choices, switch, True)
+    monkeypatch.setattr(segment_choices, "MIN_WARMUP_CHUNKS", 2)
+    monkeypatch.setattr(segment_choices, "_warmup_splits_heads", lambda cls, backward=False: True)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(1, 6 * CHUNK + 5, 2, 64, 64, decay, True, dtype)
     assert {"delta_rule.fwd_warmup", "delta_rule.fwd_warmup_exact", "delta_rule.bwd_warmup",
@@ -382,13 +382,14 @@ def test_warmups_with_the_exact_heads_apart_match_the_token_loop(monkeypatch, de
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_the_backwards_warmups_alone_after_a_one_segment_forward_match_the_token_loop(monkeypatch, dtype):
     # where the forward's narrow programs fill the SMs its warm-ups stay narrow and do not split,
-    # while the backward's go wide, exact heads apart (`launch_choices._warmup_configs`): the
+    # while the backward's go wide, exact heads apart (`segment_choices._warmup_configs`): the
     # backward then reads the one-segment forward's states
-    from ltm.kernels.delta_rule import launch_choices
-    monkeypatch.setattr(launch_choices, "WARMUP_FORWARD", False)
-    monkeypatch.setattr(launch_choices, "WARMUP_BACKWARD", True)
-    monkeypatch.setattr(launch_choices, "MIN_WARMUP_CHUNKS", 2)
-    monkeypatch.setattr(launch_choices, "_warmup_splits_heads", lambda cls, backward=False: backward)
+    from ltm.kernels.delta_rule import segment_choices
+    monkeypatch.setattr(segment_choices, "WARMUP_FORWARD", False)
+    monkeypatch.setattr(segment_choices, "WARMUP_BACKWARD", True)
+    monkeypatch.setattr(segment_choices, "MIN_WARMUP_CHUNKS", 2)
+    monkeypatch.setattr(segment_choices, "_warmup_splits_heads",
+                        lambda cls, backward=False: backward)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(1, 6 * CHUNK + 5, 2, 64, 64, "mixed", True, dtype)
     assert {"delta_rule.fwd", "delta_rule.bwd_warmup", "delta_rule.bwd_warmup_exact"} <= set(launched)
@@ -400,11 +401,12 @@ def test_warmups_cut_the_past_at_the_floor(monkeypatch):
     # chunks (segments of 3: the second from chunk 1): the outputs then differ from the exact
     # pass's beyond float32 rounding, by less than the floor allows; ungated calls never warm up
     # (nothing decays: each segment would redo the whole prefix)
-    from ltm.kernels.delta_rule import launch_choices
+    from ltm.kernels.delta_rule import segment_choices
     seed = case_seed()
     q, k, v, beta, g, h0 = make_inputs(1, 4 * CHUNK + 3, 2, 32, 32, "weak", True, torch.float32, seed)
     exact, _ = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, warmup=False)
-    monkeypatch.setattr(launch_choices, "WARMUP_LOG_FLOOR", dict.fromkeys(launch_choices.WARMUP_LOG_FLOOR, -2.))
+    monkeypatch.setattr(segment_choices, "WARMUP_LOG_FLOOR",
+                        dict.fromkeys(segment_choices.WARMUP_LOG_FLOOR, -2.))
     cut, _ = triton_chunk_delta_rule(q, k, v, beta, g, initial_state=h0, warmup=True, segments=(2, 8))
     assert 1e-4 < rel_err(cut, exact) < 0.2, f"seed={seed}"
     # in segments of one chunk each decays by less than the floor: the head goes exact
@@ -415,7 +417,7 @@ def test_warmups_cut_the_past_at_the_floor(monkeypatch):
     assert "delta_rule.fwd_warmup" not in launched
 
 
-# the state passes by segments (`launch_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`), one
+# the state passes by segments (`segment_choices.SEGMENTED_FORWARD`, `SEGMENTED_BACKWARD`), one
 # pass at a time, forced on with short segments: 7 chunks in segments of 3, 3 and 1 (the last
 # chunk masked), and 4 in segments of 2; every output and gradient against float64
 SEGMENT_CASES = [(1, 6 * CHUNK + 5, 2, 64, 64, "strong", True), (2, 3 * CHUNK + 1, 1, 32, 48, "weak", False)]
@@ -429,10 +431,10 @@ SEGMENTED_PASSES = {"forward": ("SEGMENTED_FORWARD", "delta_rule.fwd_segment_sta
                          ids=[f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in SEGMENT_CASES])
 def test_segmented_passes_match_the_token_loop(monkeypatch, B, T, H, K, V, decay, with_h0, dtype,
                                                segmented):
-    from ltm.kernels.delta_rule import launch_choices
+    from ltm.kernels.delta_rule import segment_choices
     switch, combine = SEGMENTED_PASSES[segmented]
-    monkeypatch.setattr(launch_choices, switch, True)
-    monkeypatch.setattr(launch_choices, "MIN_SEGMENT_CHUNKS", 2)
+    monkeypatch.setattr(segment_choices, switch, True)
+    monkeypatch.setattr(segment_choices, "MIN_SEGMENT_CHUNKS", 2)
     launched = spy_on_launches(monkeypatch)
     check_against_token_loop(B, T, H, K, V, decay, with_h0, dtype)
     combines = {name for _, name in SEGMENTED_PASSES.values()}

@@ -1,5 +1,5 @@
 """The delta rule's forward with the state pass and the outputs in one launch
-(`_fwd_overlapped_kernel`; `launch_choices._overlaps_output` chooses it, forced on here at every
+(`_fwd_overlapped_kernel`; `segment_choices._overlaps_output` chooses it, forced on here at every
 shape of two chunks or more): without and with a backward against the float64 token loop, its
 launch variants against the two-launch forward, the launches it makes. Under the interpreter the
 programs run one after another, so the waits never wait; on a GPU the same tests run them
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ltm.kernels import tuning
-from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule import launch_choices, segment_choices, triton_chunk_delta_rule
 from ltm.kernels.delta_rule.chunk import CHUNK
 from reference import ON_GPU, case_id, case_seed, rel_err
 from test_kernels_delta_rule import (_listed_launches, check_against_token_loop, check_forward_without_grad,
@@ -32,13 +32,13 @@ IDS = [f"{case_id(*c[:5])}-{c[5]}-h0{int(c[6])}" for c in CASES]
 def exact_state_pass(monkeypatch):
     """The gated forward's segments by warm-ups off (test_kernels_delta_rule.py checks them): the
     overlapped forward is compared with the one-pass forward, bit for bit where both run."""
-    monkeypatch.setattr(launch_choices, "WARMUP_FORWARD", False)
+    monkeypatch.setattr(segment_choices, "WARMUP_FORWARD", False)
 
 
 @pytest.fixture
 def overlapped(monkeypatch):
     """The overlapped forward forced on (two chunks or more), for both kinds of forward."""
-    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: NT > 1)
+    monkeypatch.setattr(segment_choices, "_overlaps_output", lambda cls, NT, backward=True: NT > 1)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
@@ -105,7 +105,7 @@ def two_launch_forward():
 def test_launch_variants_equal_the_two_launch_forward(monkeypatch, two_launch_forward, variant):
     # float32 tiles: the same products in the same order as `_fwd_kernel` then `_output_kernel`
     xs, (o_two, ht_two) = two_launch_forward
-    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: True)
+    monkeypatch.setattr(segment_choices, "_overlaps_output", lambda cls, NT, backward=True: True)
     monkeypatch.setattr(tuning, "FORCED", {"delta_rule.fwd_overlapped": {
         **variant, "LANES": 128, "num_warps": 4, "num_stages": 3}})
     launched = spy_on_launches(monkeypatch)
@@ -150,7 +150,7 @@ def test_large_shape_equals_the_two_launch_forward_bit_for_bit(monkeypatch, back
     launched = spy_on_launches(monkeypatch)
     o, ht = forward()
     assert "delta_rule.fwd_overlapped" in launched
-    monkeypatch.setattr(launch_choices, "_overlaps_output", lambda cls, NT, backward=True: False)
+    monkeypatch.setattr(segment_choices, "_overlaps_output", lambda cls, NT, backward=True: False)
     o_two, ht_two = forward()
     assert torch.equal(o, o_two) and torch.equal(ht, ht_two)
 

@@ -123,7 +123,7 @@ def test_every_launch_of_a_triton_model_names_every_argument(name):
 def test_every_launch_of_the_delta_rule_passes_names_every_argument():
     """The forward and backward by segments, the fused and the overlapped outputs (off by default,
     forced here), beside the default passes."""
-    from ltm.kernels.delta_rule import chunk, launch_choices
+    from ltm.kernels.delta_rule import chunk, launch_choices, segment_choices
     B, T, H, K = 1, 70, 2, 16
     q, k, v = (torch.randn(B, T, H, K) for _ in range(3))
     k = torch.nn.functional.normalize(k, dim=-1)
@@ -134,15 +134,15 @@ def test_every_launch_of_the_delta_rule_passes_names_every_argument():
             o, ht, saved = chunk._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, options=options)
             chunk._delta_rule_bwd(q, k, v, beta, K ** -0.5, h0, saved, torch.randn_like(o),
                                   torch.randn_like(ht), options=options)
-        fuses, overlaps = launch_choices._fuses_output, launch_choices._overlaps_output
+        fuses, overlaps = launch_choices._fuses_output, segment_choices._overlaps_output
         try:
             launch_choices._fuses_output = lambda *a, **kw: True
             chunk._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, backward=False)
             launch_choices._fuses_output = fuses
-            launch_choices._overlaps_output = lambda *a, **kw: True
+            segment_choices._overlaps_output = lambda *a, **kw: True
             chunk._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True)
         finally:
-            launch_choices._fuses_output, launch_choices._overlaps_output = fuses, overlaps
+            launch_choices._fuses_output, segment_choices._overlaps_output = fuses, overlaps
     launches = record_launches(passes)
     kernels = {name for name, _, _ in launches}
     assert {"_bwd_state_kernel", "_segment_states_kernel", "_fwd_kernel"} <= kernels, kernels

@@ -7,7 +7,7 @@ import torch
 
 from ltm.kernels import tuning
 from ltm.kernels.delta_rule import chunk as delta_rule_chunk
-from ltm.kernels.delta_rule import launch_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule import launch_choices, segment_choices, triton_chunk_delta_rule
 from ltm.kernels.delta_rule.chunk import CHUNK
 from ltm.kernels.rwkv7 import fused_recurrent, triton_fused_recurrent_rwkv7
 from reference import DEVICE, case_seed
@@ -76,15 +76,15 @@ SWITCHES = {
     "fuse_output": ({"fuse_output": "both"},
                     lambda mp: mp.setattr(launch_choices, "_fuses_output", lambda cls, backward: True)),
     "overlap_output": ({"overlap_output": "both"},
-                       lambda mp: mp.setattr(launch_choices, "_overlaps_output",
-                                             lambda cls, NT, backward=True: NT > 1)),
+                       lambda mp: mp.setattr(segment_choices, "_overlaps_output",
+                                              lambda cls, NT, backward=True: NT > 1)),
     "segments": ({"segments": (2, 4)},
-                 lambda mp: [mp.setattr(launch_choices, name, value) for name, value in
+                 lambda mp: [mp.setattr(segment_choices, name, value) for name, value in
                              (("SEGMENTED_FORWARD", True), ("SEGMENTED_BACKWARD", True),
                               ("MIN_SEGMENT_CHUNKS", 2), ("SEGMENT_FILL", 4),
                               ("MIN_WARMUP_CHUNKS", 2), ("WARMUP_FILL", 4))]),  # gated: warm-ups
     "warmup": ({"warmup": False},
-               lambda mp: [mp.setattr(launch_choices, name, False)
+               lambda mp: [mp.setattr(segment_choices, name, False)
                            for name in ("WARMUP_FORWARD", "WARMUP_BACKWARD")]),
 }
 

@@ -25,9 +25,9 @@ def run(xs, segments):
 def test_segments_give_the_one_pass_results_forward_and_backward(monkeypatch):
     # 9 chunks (the last masked) in segments of 2: 5 segments, with an initial state and decay
     # (the gated passes' segments by warm-ups off: test_kernels_delta_rule.py checks those)
-    from ltm.kernels.delta_rule import launch_choices
-    monkeypatch.setattr(launch_choices, "WARMUP_FORWARD", False)
-    monkeypatch.setattr(launch_choices, "WARMUP_BACKWARD", False)
+    from ltm.kernels.delta_rule import segment_choices
+    monkeypatch.setattr(segment_choices, "WARMUP_FORWARD", False)
+    monkeypatch.setattr(segment_choices, "WARMUP_BACKWARD", False)
     xs = make_inputs(1, 8 * CHUNK + 3, 2, 32, 48, "strong", True, torch.float32, case_seed())
     launched = spy_on_launches(monkeypatch)
     one_pass = run(xs, (0, 1))
