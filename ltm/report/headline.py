@@ -59,15 +59,18 @@ def kernels_line(bench_records: Path) -> str:
 
 
 def references_line(folder: Path) -> str:
-    """Ours against the fastest fla path as installed (FlashQLA, TileLang), per op and pass."""
+    """Ours against the fastest fla path as installed (FlashQLA, TileLang), per op and pass, at the
+    newest commit measured (`reference_summary`'s first row of each)."""
     summary = reference_summary(reference_rows(folder))
     if summary.empty:
         return "Not yet against fla with its FlashQLA and TileLang backends."
+    newest = summary.groupby(["op", "pass"], sort=False).head(1)
     parts = [f"{r['op']} {r['pass']} worst {r['worst x_best']:.2f}x at {r['worst shape']} "
-             f"(geomean {r['geomean x_best']:.2f}x over {r['shapes']})"
-             for _, r in summary.iterrows() if r["worst x_best"] == r["worst x_best"]]
+             f"(geomean {r['geomean x_best']:.2f}x over {r['shapes']}; {r['device']}, "
+             f"{r['commit']})"
+             for _, r in newest.iterrows() if r["worst x_best"] == r["worst x_best"]]
     return ("Against fla as installed with FlashQLA and TileLang (the fastest fla path per shape, "
-            "few shapes so far): " + "; ".join(parts) + ".")
+            "few shapes so far, the newest commit measured): " + "; ".join(parts) + ".")
 
 
 def changed_line(summary: pd.DataFrame) -> str:

@@ -120,7 +120,8 @@ def reference_rows(folder: str | Path) -> pd.DataFrame:
                     continue
                 row = {"op": g["op"], "shape": ",".join(map(str, g["shape"])), "pass": pass_,
                        "ours_ms": g[f"ours_{p}"], "device": record["device"],
-                       "commit": (record.get("commit") or "")[:7], "record": path.name,
+                       "commit": (record.get("commit") or "")[:7],
+                       "date": str(record.get("date", "")), "record": path.name,
                        "versions": ", ".join(f"{k} {v}" for k, v in
                                              record.get("versions_backends", {}).items())}
                 for name in REFERENCE_PATHS:
@@ -136,19 +137,26 @@ def reference_rows(folder: str | Path) -> pd.DataFrame:
 
 
 def reference_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per op and pass of `reference_rows`: the shapes measured, the geometric mean of x_best
-    over shapes (a shape measured more than once counts with its worst x_best) and the worst
-    x_best with its shape, and the same against fla's Triton path alone."""
+    """Per op and pass of `reference_rows`, one row per device and commit (our kernels change
+    between commits; a ratio measured at one is not a ratio at another), newest first: the shapes
+    measured, the geometric mean of x_best over shapes (a shape measured more than once counts
+    with its worst x_best) and the worst x_best with its shape, and the same against fla's
+    Triton path alone."""
     if rows.empty:
         return pd.DataFrame()
     out = []
-    for (op, pass_), group in rows.groupby(["op", "pass"], sort=False):
+    rows = rows.sort_values("date", ascending=False, kind="stable")
+    for (op, pass_, device, commit), group in rows.groupby(["op", "pass", "device", "commit"],
+                                                           sort=False):
         worst = group.groupby("shape")[["x_best", "x_triton"]].min()
         best, triton = worst["x_best"].dropna(), worst["x_triton"].dropna()
-        out.append({"op": op, "pass": pass_, "shapes": len(worst),
+        out.append({"op": op, "pass": pass_, "device": device, "commit": commit,
+                    "date": group["date"].iloc[0], "shapes": len(worst),
                     "geomean x_best": geomean(list(best)) if len(best) else None,
                     "worst x_best": best.min() if len(best) else None,
                     "worst shape": best.idxmin() if len(best) else None,
                     "geomean x_triton": geomean(list(triton)) if len(triton) else None,
                     "worst x_triton": triton.min() if len(triton) else None})
-    return pd.DataFrame(out)
+    out = pd.DataFrame(out)
+    return out.sort_values(["op", "pass", "date"], ascending=[True, True, False], kind="stable",
+                           ignore_index=True)

@@ -63,7 +63,8 @@ def kernel_references_section(folder: Path) -> Section:
         if f"{name}_ms" in rows:
             # fla_triton's backend is triton by construction: its column only widened the table
             shown += [f"{name}_ms"] + ([f"{name}_backend"] if name != "fla_triton" else [])
-    shown += ["fastest_fla", "x_best", "x_triton", "auto", "auto_ms", "auto_x_best", "record"]
+    shown += ["fastest_fla", "x_best", "x_triton", "auto", "auto_ms", "auto_x_best", "commit",
+              "record"]
     # worst shape first: within each op and pass, the lowest x_best leads
     rows = with_auto(rows).sort_values(["op", "pass", "x_best"], kind="stable")
     # the record by its run's short name ("call2" for kernel-grid-references-...-call2.json):
@@ -84,11 +85,13 @@ def kernel_references_section(folder: Path) -> Section:
             "record, not run as auto; auto_x_best = its time over the fastest path (1 = auto "
             "took the fastest; where the device's table was built from these records, its "
             "sources, 1 checks the table's shape classes, not auto run). Rows: worst x_best "
-            "first in each op and pass. A shape measured twice counts in the summary with its "
-            "worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one RWKV-7 shape "
+            "first in each op and pass. The summary has a row per device and commit, newest "
+            "first (our kernels change between commits); a shape measured twice there counts "
+            "with its worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one RWKV-7 shape "
             "were measured: the rest of the grid against fla's Triton path is in the section "
             f"above. record: the run's file in {folder}, by its last word.")
     summary = reference_summary(rows).merge(
-        rows.groupby(["op", "pass"], sort=False)["auto_x_best"].max()
-        .rename("worst auto_x_best").reset_index(), on=["op", "pass"], how="left")
+        rows.groupby(["op", "pass", "device", "commit"], sort=False)["auto_x_best"].max()
+        .rename("worst auto_x_best").reset_index(), on=["op", "pass", "device", "commit"],
+        how="left")
     return Section(TITLE, [summary, rows[shown]], [], note, folded=True)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ltm.ops.auto import shape_class
+from ltm.report.headline import references_line
 from ltm.report.records import reference_rows, reference_summary
 from ltm.report.references import auto_pick, kernel_references_section
 
@@ -21,10 +22,10 @@ def grid_row(shape, ours, triton, installed, backend="flash_qla"):
             "fla_fwd_ref": "fla_installed (flash_qla)" if installed < triton else "fla_triton (triton)"}
 
 
-def write(folder, name, rows):
+def write(folder, name, rows, commit="abcdef123", date="2026-11-27"):
     folder.mkdir(exist_ok=True)
-    (folder / name).write_text(json.dumps({"device": "GPU X", "commit": "abcdef123", "grid": rows,
-                                           "versions_backends": {"flash-qla": "0.1.3"}}))
+    (folder / name).write_text(json.dumps({"device": "GPU X", "commit": commit, "date": date,
+                                           "grid": rows, "versions_backends": {"flash-qla": "0.1.3"}}))
 
 
 def test_each_pass_gives_every_path_its_backend_and_the_ratios(tmp_path):
@@ -49,6 +50,19 @@ def test_the_summary_counts_a_repeated_shape_with_its_worse_ratio(tmp_path):
     assert summary["worst shape"] == "1,64,2,128"
     assert summary["geomean x_best"] == pytest.approx((0.5 * 2.0) ** 0.5)
     assert summary["worst x_triton"] == pytest.approx(3.0)
+
+
+def test_the_summary_keeps_each_commit_apart_newest_first(tmp_path):
+    # an old commit's worse ratio at a shape must not stand for the newer kernels' (nor the
+    # headline's line, which reads the newest commit only)
+    write(tmp_path, "a.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5)])
+    write(tmp_path, "b.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 1.5)], commit="fedcba987",
+          date="2026-12-07")
+    summary = reference_summary(reference_rows(tmp_path))
+    assert list(summary["commit"]) == ["fedcba9", "abcdef1"]
+    assert list(summary["worst x_best"]) == pytest.approx([1.5, 0.5])
+    line = references_line(tmp_path)
+    assert "worst 1.50x at 1,64,2,128" in line and "fedcba9" in line and "0.50x" not in line
 
 
 def test_the_section_shows_the_summary_then_every_measurement(tmp_path):
