@@ -4,7 +4,8 @@ as installed, forward and forward+backward, bf16, one process.
     python3 gpu/warmup_sweep.py OUT.json "B,T,H,D;..." VARIANT,...
 
 A shape ending in "w" has decays 1e-4 of the usual (never below the floor in 32k tokens: the
-worst case). Variants: off (both passes exact), fla, onF (both by warm-ups at fill F), fwF (the
+worst case). Variants: off (both passes exact), def (the defaults: warm-ups where the rules take
+them), fla, onF (both by warm-ups at fill F), fwF (the
 forward's only); "n" after onF/fwF turns WARMUP_WIDE off (the warm-up launches take the
 sequential passes' first value block, and their segments are counted in programs of it: 16-wide
 at 1,32768,8,128, so on4n there is the narrow patch's on2); "x" after that turns
@@ -32,6 +33,8 @@ def variant_fn(var: str):
     segment_choices.WARMUP_WIDE_FORWARD_ALWAYS = False
     if var == "off":
         return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], warmup=False)[0]
+    if var == "def":  # the module's defaults, warm-ups where its rules take them
+        return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0]
     kind, fill, narrow, joined, always, forced = re.fullmatch(
         r"(on|fw)(\d+)(n?)(x?)(a?)(?::(b\d+w\d+s\d+))?", var).groups()
     segment_choices.WARMUP_FILL = int(fill)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What a pending gated-delta-rule patch needs on a GPU, once applied and committed as HASH: the GPU
 # check alone (beside the kernel tests it ran out of memory), the warm-up sweep that decides
-# (gpu/warmup_sweep.py's variants, SWEEP; the default for `delta-rule-warmup-forward-width.patch`:
-# off; on2 = the patch's default, the forward's warm-ups wide only where its narrow programs leave
-# SMs idle; on2a = wide always, c0dd6cf's default; on2n = narrow), the warm-up and launch kernel
+# (gpu/warmup_sweep.py's variants, SWEEP; the default for `delta-rule-warmups-where-idle.patch`:
+# off = exact passes; def = the defaults, the patch's rule: warm-ups only where the one-segment
+# pass's programs leave SMs idle; on2 = warm-ups forced, 396aa16's default where they run; on2a =
+# the same with the forward's wide always), the warm-up and launch kernel
 # tests, fla as installed (with FlashQLA) beside ours by the kernel grid, the deep Titans memory's two-loop bench
 # (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`.
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
@@ -17,7 +18,7 @@ OUT_DIR=$1 HASH=$2 BUDGET=${3:-560}
 # whole files passed at 53e1b59; cold, they need more than the 230 s a call has after the check)
 TESTS_K=${TESTS_K:-"warmup or exact_heads or segment or launch"}
 STATE=/tmp/land-$HASH
-SWEEP=${SWEEP:-off,on2,on2a,on2n}
+SWEEP=${SWEEP:-off,def,on2,on2a}
 # TESTS_S caps the kernel tests' seconds; TESTS_LAST=1 runs them after fla and the Titans bench
 TESTS_S=${TESTS_S:-600}
 mkdir -p "$OUT_DIR" "$STATE"
