@@ -87,8 +87,8 @@ def kernel_references_section(folder: Path) -> Section:
             "sources, 1 checks the table's shape classes, not auto run). Rows: worst x_best "
             "first in each op and pass. The summary has a row per device and commit, newest "
             "first (our kernels change between commits); a shape measured twice there counts "
-            "with its worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one RWKV-7 shape "
-            "were measured: the rest of the grid against fla's Triton path is in the section "
+            "with its worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one "
+            "RWKV-7 shape were measured: the rest of the grid against fla's Triton path is in the section "
             f"above. record: the run's file in {folder}, by its last word.")
     summary = reference_summary(rows).merge(
         rows.groupby(["op", "pass", "device", "commit"], sort=False)["auto_x_best"].max()

@@ -24,8 +24,9 @@ def grid_row(shape, ours, triton, installed, backend="flash_qla"):
 
 def write(folder, name, rows, commit="abcdef123", date="2026-11-27"):
     folder.mkdir(exist_ok=True)
-    (folder / name).write_text(json.dumps({"device": "GPU X", "commit": commit, "date": date,
-                                           "grid": rows, "versions_backends": {"flash-qla": "0.1.3"}}))
+    record = {"device": "GPU X", "commit": commit, "date": date, "grid": rows,
+              "versions_backends": {"flash-qla": "0.1.3"}}
+    (folder / name).write_text(json.dumps(record))
 
 
 def test_each_pass_gives_every_path_its_backend_and_the_ratios(tmp_path):
