@@ -61,8 +61,9 @@ fi
 [ -n "${TESTS_LAST:-}" ] || kernel_tests
 # fla as installed (FlashQLA on Hopper) beside ours in one process, by the kernel grid (its record
 # is the report's, with the backends fla's dispatch log names): the shapes of 8 heads first (one
-# autotune of fla's; TileLang compiles once for batch 1, once for batch > 1), the untuned last
-FLA_SHAPES=${FLA_SHAPES:-"1,32768,8,128;8,2048,8,128;2,8192,8,128;4,4096,16,128;3,5000,12,128;1,32768,4,128;2,6000,6,128"}
+# autotune of fla's; TileLang compiles once for batch > 1, once for batch 1): those 396aa16 did
+# not reach first, 8,2048,8,128 next (the pending rule changes it), the untuned last
+FLA_SHAPES=${FLA_SHAPES:-"2,8192,8,128;8,2048,8,128;4,4096,16,128;3,5000,12,128;1,32768,8,128;2,6000,6,128;1,32768,4,128"}
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
   timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part 1/2 --only gated_delta_rule \
     --no-default --fla-past-hopper-guard --paths fla_installed --commit "$HASH" \
