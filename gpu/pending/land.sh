@@ -60,9 +60,9 @@ if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
 fi
 [ -n "${TESTS_LAST:-}" ] || kernel_tests
 # fla as installed (FlashQLA on Hopper) beside ours in one process, by the kernel grid (its record
-# is the report's, with the backends fla's dispatch log names): the shapes of 8 heads first (one
-# autotune of fla's; TileLang compiles once for batch > 1, once for batch 1): those 396aa16 did
-# not reach first, 8,2048,8,128 next (the pending rule changes it), the untuned last
+# is the report's, with the backends fla's dispatch log names): the shapes the 396aa16 call did not
+# reach first, 8,2048,8,128 next (the pending rule changes it), the untuned last. fla autotunes once
+# per head group and TileLang compiles once for batch > 1 and once for batch 1 (~60-85 s each)
 FLA_SHAPES=${FLA_SHAPES:-"2,8192,8,128;8,2048,8,128;4,4096,16,128;3,5000,12,128;1,32768,8,128;2,6000,6,128;1,32768,4,128"}
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
   timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part 1/2 --only gated_delta_rule \
