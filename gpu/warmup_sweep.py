@@ -5,13 +5,13 @@ as installed, forward and forward+backward, bf16, one process.
 
 A shape ending in "w" has decays 1e-4 of the usual (never below the floor in 32k tokens: the
 worst case). Variants: off (both passes exact), def (the defaults: warm-ups where the rules take
-them), fla, onF (both by warm-ups at fill F), fwF (the
-forward's only); "n" after onF/fwF turns WARMUP_WIDE off (the warm-up launches take the
-sequential passes' first value block, and their segments are counted in programs of it: 16-wide
-at 1,32768,8,128, so on4n there is the narrow patch's on2); "x" after that turns
-WARMUP_SPLIT_HEADS off (the heads that never decay go exact inside the warm-up launch, on its
-blocks); "a" after that turns WARMUP_WIDE_FORWARD_ALWAYS on (the forward's warm-ups wide where
-its narrow programs fill the SMs too, as c0dd6cf's were); ":bBVwWsS" after that forces the warm-up launches' value block, warps and stages (e.g.
+them), fla, onF (both by warm-ups at fill F), fwF (the forward's only); "n" after onF/fwF turns
+WARMUP_WIDE off (the warm-up launches take the sequential passes' first value block, and their
+segments are counted in programs of it: 16-wide at 1,32768,8,128, so on4n there is the narrow
+patch's on2); "x" after that turns WARMUP_SPLIT_HEADS off (the heads that never decay go exact
+inside the warm-up launch, on its blocks); "a" after that turns WARMUP_WIDE_FORWARD_ALWAYS on (the
+forward's warm-ups wide where its narrow programs fill the SMs too, as c0dd6cf's were);
+":bBVwWsS" after that forces the warm-up launches' value block, warps and stages (e.g.
 on4:b64w4s3)."""
 import json, re, sys, time
 import torch, triton
