@@ -80,8 +80,18 @@ WARMUP_WIDE = True
 # programs leave SMs idle: where they fill them, the wide block's fewer programs split in two
 # segments cost the forward 5-9% at 3,5000,12,128, 4,4096,16,128 and 8,2048,8,128 (0.411, 0.410,
 # 0.210 ms against 0.391, 0.375, 0.192 narrow, which does not split there), while the backward's
-# gained 1-3% (same sweep). True: the forward's as the backward's (NOT MEASURED as a rule yet)
+# gained 1-3% (same sweep). True: the forward's as the backward's. As a rule (H200, 396aa16,
+# records/lab/warmup-sweep-h200-2026-12-07-396aa16.json, forced warm-ups, CUDA-graph ms): the
+# inference forward at narrow's times there (0.382, 0.359, 0.187 against 0.397, 0.393, 0.202 wide);
+# forward+backward at narrow's too (1.321, 1.480, 0.758), where wide took 1.259, 1.438, 0.742
 WARMUP_WIDE_FORWARD_ALWAYS = False
+# by default, warm-ups (both passes) only where the one-segment pass's own programs leave SMs idle:
+# where they fill them the warm-ups bought little or no GPU time and their launches cost the host
+# (H200, 396aa16, same sweep, exact against warm-ups: CUDA-graph forward+backward 1.31 / 1.321 at
+# 3,5000,12,128, 1.49 / 1.48 at 4,4096,16,128, 0.757 / 0.758 at 8,2048,8,128; by do_bench, host
+# time included, 1.325 / 1.673 and 1.060 / 1.351 at the first and last). True: by WARMUP_FILL
+# wherever the segments come to two or more (a call's `warmup=True` asks that too)
+WARMUP_WHERE_FILLED = False
 
 
 # where the warm-ups' first block is wider than the one-segment pass's, the heads that never decay
@@ -103,10 +113,14 @@ def _warmup_configs(shape_class: tuple, backward: bool = False) -> tuple:
     `_sequential_configs`, with 4 warps, 3 stages and 64-wide value blocks first where WARMUP_WIDE
     and the tiles are bf16 and V >= 64 (a launch `_sequential_configs` lists where programs are
     many); the forward's only where the one-segment pass's programs are fewer than the SMs."""
-    K, V, precision, _, programs, sms = shape_class
-    narrow = programs * cdiv(V, _sequential_configs(shape_class)[0].kwargs["BV"])
-    wide = WARMUP_WIDE and (backward or WARMUP_WIDE_FORWARD_ALWAYS or narrow < sms)
+    filled = _one_segment_programs(shape_class) >= shape_class[-1]
+    wide = WARMUP_WIDE and (backward or WARMUP_WIDE_FORWARD_ALWAYS or not filled)
     return _warmup_config_list(shape_class, wide)
+
+
+def _one_segment_programs(shape_class: tuple) -> int:
+    # programs of the one-segment state pass: B H times its first launch's value blocks
+    return shape_class[4] * cdiv(shape_class[1], _sequential_configs(shape_class)[0].kwargs["BV"])
 
 
 @tuning.per_class  # (built once per class and switch: this runs twice a call, on the host)
@@ -126,11 +140,15 @@ def _warmup_chunks(shape_class: tuple, NT: int, on: bool | None = None,
     NT (one segment) unless WARMUP_FORWARD (WARMUP_BACKWARD; `on`: one call's choice), then as
     many segments as bring the programs (of `_warmup_configs`' first value block) to about
     WARMUP_FILL times the SMs, each at least MIN_WARMUP_CHUNKS long, where that is two or more (one
-    call's `segments` give min_chunks, 0: off, and fill). Unlike exact segments, programs as many as
-    the SMs may still split: a warm-up costs a few chunks, not the pass again."""
+    call's `segments` give min_chunks, 0: off, and fill). By default only where the one-segment
+    pass's programs leave SMs idle (WARMUP_WHERE_FILLED); a call's `on` or the switch lets
+    programs as many as the SMs split too: a warm-up costs a few chunks, not the pass again."""
     default = WARMUP_BACKWARD if backward else WARMUP_FORWARD
     min_chunks = MIN_WARMUP_CHUNKS if min_chunks is None else min_chunks
     if not (default if on is None else on) or min_chunks < 1:
+        return NT
+    if (on is None and not WARMUP_WHERE_FILLED
+            and _one_segment_programs(shape_class) >= shape_class[-1]):
         return NT
     fill = WARMUP_FILL if fill is None else fill
     block = _warmup_configs(shape_class, backward)[0].kwargs["BV"]

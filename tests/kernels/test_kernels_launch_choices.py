@@ -176,3 +176,28 @@ def test_the_forwards_warmups_go_wide_only_where_its_narrow_programs_leave_sms_i
     monkeypatch.setattr(seg_choices, "WARMUP_WIDE_FORWARD_ALWAYS", True)
     assert seg_choices._warmup_configs(filled)[0].kwargs["BV"] == 64
     assert seg_choices._warmup_chunks(filled, 32, True, 4, 2) == 16
+
+
+def test_by_default_warmups_only_where_the_one_segment_pass_leaves_sms_idle(monkeypatch):
+    # 3,5000,12,128 and 8,2048,8,128: 144 and 256 programs of 32 columns fill the SMs, so neither
+    # pass warms up by default (a call's warmup=True or WARMUP_WHERE_FILLED still splits them);
+    # 1,32768,8,128 (64 programs of 16 columns) and 2,8192,8,128 (64 of 32) still do
+    monkeypatch.setattr(seg_choices, "WARMUP_FORWARD", True)
+    monkeypatch.setattr(seg_choices, "WARMUP_BACKWARD", True)
+    monkeypatch.setattr(seg_choices, "WARMUP_WHERE_FILLED", False)
+    sms = choices.DEFAULT_SM_COUNT
+    filled = [choices._shape_class(3, 5000, 12, 128, 128, "bf16", None),
+              choices._shape_class(8, 2048, 8, 128, 128, "bf16", None)]
+    idle = [choices._shape_class(1, 32768, 8, 128, 128, "bf16", None),
+            choices._shape_class(2, 8192, 8, 128, 128, "bf16", None)]
+    for cls in filled:
+        assert seg_choices._one_segment_programs(cls) >= sms
+        for backward in (False, True):
+            assert seg_choices._warmup_chunks(cls, 32, backward=backward) == 32
+        assert seg_choices._warmup_chunks(cls, 32, True, backward=True) < 32
+    for cls in idle:
+        assert seg_choices._one_segment_programs(cls) < sms
+        for backward in (False, True):
+            assert seg_choices._warmup_chunks(cls, 128, backward=backward) < 128
+    monkeypatch.setattr(seg_choices, "WARMUP_WHERE_FILLED", True)
+    assert seg_choices._warmup_chunks(filled[1], 32, backward=True) < 32
