@@ -58,6 +58,11 @@ if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
     "$SWEEP" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
 fi
+# where the host's time goes at 8,2048,8,128 (ours; fla too once installed): tens of seconds warm
+if [ ! -e "$STATE/host" ] && [ -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
+  timeout $(($(left) - 5)) python3 gpu/host_profile.py 8,2048,8,128 50 > "$OUT_DIR/host.log" 2>&1 \
+    && touch "$STATE/host"; log "host profile: $(grep -c . "$OUT_DIR/host.log") lines"
+fi
 [ -n "${TESTS_LAST:-}" ] || kernel_tests
 # fla as installed (FlashQLA on Hopper) beside ours in one process, by the kernel grid (its record
 # is the report's, with the backends fla's dispatch log names): the shapes the 396aa16 call did not
