@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # What a pending gated-delta-rule patch needs on a GPU, once applied and committed as HASH: the GPU
 # check alone (beside the kernel tests it ran out of memory), the warm-up sweep that decides
-# (gpu/warmup_sweep.py's variants, SWEEP; the default for `delta-rule-warmups-where-idle.patch`:
-# off = exact passes; def = the defaults, the patch's rule: warm-ups only where the one-segment
-# pass's programs leave SMs idle; on2 = warm-ups forced, 396aa16's default where they run; on2a =
-# the same with the forward's wide always), the warm-up and launch kernel
-# tests, fla as installed (with FlashQLA) beside ours by the kernel grid, the deep Titans memory's two-loop bench
-# (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`.
+# (gpu/warmup_sweep.py's variants, SWEEP: off = exact passes; def = the defaults; on2 = warm-ups
+# forced; on2a = the same with the forward's wide always), where the host's time goes
+# (gpu/host_profile.py), the warm-up and launch kernel tests, then the measurements issue 55 still
+# lacks: fla as installed (with FlashQLA) beside ours by the kernel grid on the shapes no call
+# reached yet (FLA_SHAPES), the plain delta rule and RWKV-7 against fla's Triton path at this
+# commit, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`, where its
+# `deep_bwd_before.py` was made), then `gpu/auto.sh`. With no patch pending, SKIP="check sweep
+# tests host" goes straight to the measurements (HASH: the commit measured).
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
 # fla's sweep waits for both, so carry .whl in the first call and .whl2 in the second.
 # Each stage is skipped where a call before this one on the same machine finished it: run it
@@ -22,6 +24,7 @@ SWEEP=${SWEEP:-off,def,on2,on2a}
 # TESTS_S caps the kernel tests' seconds; TESTS_LAST=1 runs them after fla and the Titans bench
 TESTS_S=${TESTS_S:-600}
 mkdir -p "$OUT_DIR" "$STATE"
+for stage in ${SKIP:-}; do touch "$STATE/$stage"; done
 export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 [ -e ltm/kernels ] || ln -s ../kernels ltm/kernels
 log() { echo "$*" | tee -a "$OUT_DIR/log"; }
@@ -65,16 +68,31 @@ if [ ! -e "$STATE/host" ] && [ -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
 fi
 [ -n "${TESTS_LAST:-}" ] || kernel_tests
 # fla as installed (FlashQLA on Hopper) beside ours in one process, by the kernel grid (its record
-# is the report's, with the backends fla's dispatch log names): the shapes the 396aa16 call did not
-# reach first, 8,2048,8,128 next (the pending rule changes it), the untuned last. fla autotunes once
-# per head group and TileLang compiles once for batch > 1 and once for batch 1 (~60-85 s each)
-FLA_SHAPES=${FLA_SHAPES:-"2,8192,8,128;8,2048,8,128;4,4096,16,128;3,5000,12,128;1,32768,8,128;2,6000,6,128;1,32768,4,128"}
+# is the report's, with the backends fla's dispatch log names), CUDA-graph times too: the grid
+# shapes no call reached (068164c's H100 call measured 5 of 7), then the H100's worst one. fla
+# autotunes once per head group and TileLang compiles once for batch > 1 and once for batch 1
+# (~20-110 s a shape)
+FLA_SHAPES=${FLA_SHAPES:-"2,6000,6,128;1,32768,4,128;4,4096,16,128"}
 if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
   timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part 1/2 --only gated_delta_rule \
-    --no-default --fla-past-hopper-guard --paths fla_installed --commit "$HASH" \
+    --no-default --fla-past-hopper-guard --paths fla_installed --graph --commit "$HASH" \
     --budget-s $(($(left) - 60)) --out "$OUT_DIR" --name kernel-grid-references \
     --shapes "$FLA_SHAPES" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
+fi
+# the plain delta rule and RWKV-7 against fla's Triton path (issue 55: >= 1.3x everywhere), three
+# grid shapes each, at this commit
+if [ ! -e "$STATE/refs" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 150 ]; then
+  ok=0
+  for part in "1/2 delta_rule" "2/2 rwkv7"; do
+    set -- $part
+    timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part "$1" --only "$2" --no-default \
+      --paths fla_triton --commit "$HASH" --budget-s $(($(left) / 2)) --out "$OUT_DIR" \
+      --name "kernel-grid-references-$2" --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" 2>&1 \
+      | grep -v TileLang | tail -5 | tee -a "$OUT_DIR/log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
+  done
+  [ $ok -eq 0 ] && touch "$STATE/refs"
 fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
@@ -86,7 +104,7 @@ if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   [ -s "$OUT_DIR/auto/training.json" ] && touch "$STATE/auto"
 fi
 if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
-  log "done: check, sweep, tests$(for x in fla titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
+  log "done: check, sweep, tests$(for x in host fla refs titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
 fi
