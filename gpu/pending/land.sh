@@ -5,10 +5,11 @@
 # forced; on2a = the same with the forward's wide always), where the host's time goes
 # (gpu/host_profile.py), the warm-up and launch kernel tests, then the measurements issue 55 still
 # lacks: fla as installed (with FlashQLA) beside ours by the kernel grid on the shapes no call
-# reached yet (FLA_SHAPES), the plain delta rule and RWKV-7 against fla's Triton path at this
-# commit, the deep Titans memory's two-loop bench (`titans-two-loops-bench.sh`, where its
-# `deep_bwd_before.py` was made), then `gpu/auto.sh`. With no patch pending, SKIP="check sweep
-# tests host" goes straight to the measurements (HASH: the commit measured).
+# reached yet (FLA_SHAPES), both kernel by kernel (gpu/kernel_breakdown.py), the plain delta rule
+# and RWKV-7 against fla's Triton path at this commit, the deep Titans memory's two-loop bench
+# (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`. With
+# no patch pending, SKIP="check sweep tests host" goes straight to the measurements (HASH: the
+# commit measured).
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
 # fla's sweep waits for both, so carry .whl in the first call and .whl2 in the second.
 # Each stage is skipped where a call before this one on the same machine finished it: run it
@@ -80,6 +81,13 @@ if [ ! -e "$STATE/fla" ] && [ -e "$STATE/z3" ] && [ "$(left)" -gt 150 ]; then
     --shapes "$FLA_SHAPES" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/fla"
 fi
+# kernel by kernel, ours and FlashQLA, at the shapes the fla stage compiled (tens of seconds)
+if [ ! -e "$STATE/kernels" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 90 ]; then
+  timeout $(($(left) - 5)) bash gpu/grid_references.sh run python3 gpu/kernel_breakdown.py \
+    "$OUT_DIR/kernels.json" "4,4096,16,128;8,2048,8,128;1,32768,8,128" 10 2>&1 | grep -v TileLang \
+    > "$OUT_DIR/kernels.log"; [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/kernels"
+  log "kernel breakdown: $(grep -c "==" "$OUT_DIR/kernels.log") rows"
+fi
 # the plain delta rule and RWKV-7 against fla's Triton path (issue 55: >= 1.3x everywhere), three
 # grid shapes each, at this commit
 if [ ! -e "$STATE/refs" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 150 ]; then
@@ -104,7 +112,7 @@ if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   [ -s "$OUT_DIR/auto/training.json" ] && touch "$STATE/auto"
 fi
 if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
-  log "done: check, sweep, tests$(for x in host fla refs titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
+  log "done: check, sweep, tests$(for x in host fla kernels refs titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
 fi
