@@ -142,7 +142,8 @@ def main(argv: list | None = None) -> None:
         env["fla_past_hopper_guard"] = kg.fla_past_hopper_guard()
     warm = None
     if args.warm and not (args.no_warm or args.tiny):
-        warm = lambda ops: kg.warm_in_parallel(__file__, ops, order, args.warm_timeout_s)
+        extra = ("--paths", args.paths) if args.paths else ()
+        warm = lambda ops: kg.warm_in_parallel(__file__, ops, order, args.warm_timeout_s, extra)
     kg.run(grid, ops, order, path, env, args.budget_s, not args.no_default, warm)
     print(f"wrote {path}")
 

@@ -267,15 +267,17 @@ def warm_group(grid: Grid, ops: list, shape: tuple) -> None:
     grid.sync()
 
 
-def warm_in_parallel(script: str, ops: list, shapes: list, timeout_s: float) -> dict:
+def warm_in_parallel(script: str, ops: list, shapes: list, timeout_s: float,
+                     extra_args: tuple = ()) -> dict:
     """One `script --warm-only H,D` process per head group, all at once, FLA_CACHE_RESULTS=0 (see
-    gpu/kernel_grid.py's docstring); returns each group's exit code and seconds."""
+    gpu/kernel_grid.py's docstring), each given `extra_args` too (the measurement's --paths, so a
+    worker warms only the fla paths it will time); returns each group's exit code and seconds."""
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
     procs = {}
     for (H, D), shape in head_groups(shapes).items():
         # --part all: the worker's default part would filter RWKV-7 out of --only
         cmd = [sys.executable, script, "--warm-only", ",".join(map(str, shape)),
-               "--part", "all", "--only", ",".join(ops)]
+               "--part", "all", "--only", ",".join(ops), *extra_args]
         procs[f"{H},{D}"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL), time.time())
     done = {}
     for key, (proc, t0) in procs.items():

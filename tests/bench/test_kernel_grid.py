@@ -94,3 +94,34 @@ def test_the_grid_script_names_an_unknown_fla_path_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=root)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--paths: unknown ['fla_instaled']" in done.stderr and "fla_installed" in done.stderr
+
+
+def test_the_parallel_warm_up_workers_get_the_measurements_fla_paths(tmp_path, monkeypatch):
+    # --warm with --paths: each worker warms only the fla paths the measurement will time (it had
+    # autotuned every path, minutes a head group, for nothing)
+    import importlib.util
+
+    from ltm.bench import kernel_grid_run as kg
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("kernel_grid_script",
+                                                  root / "gpu" / "kernel_grid.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    commands = []
+
+    class Worker:
+        def __init__(self, cmd, **_):
+            commands.append(cmd)
+
+        def wait(self, timeout):
+            return 0
+    monkeypatch.setattr(kg.subprocess, "Popen", Worker)
+    monkeypatch.setattr(kg, "environment", lambda commit: {})
+    monkeypatch.setattr(kg, "run", lambda grid, ops, order, path, env, budget, default, warm:
+                        warm(ops))
+    script.main(["--warm", "--paths", "fla_installed", "--part", "1/2",
+                 "--only", "gated_delta_rule", "--shapes", "8,2048,8,128;2,8192,4,64", "--out", str(tmp_path)])
+    assert len(commands) == 2  # one worker per head group
+    for cmd in commands:
+        assert cmd[cmd.index("--paths") + 1] == "fla_installed"
+        assert cmd[cmd.index("--only") + 1] == "gated_delta_rule"
