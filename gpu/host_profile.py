@@ -6,22 +6,17 @@ installed.
 
     python3 gpu/host_profile.py [B,T,H,D] [CALLS]
 """
-import cProfile, io, pstats, sys, time
+import cProfile, io, pstats, sys
 import torch
 from ltm.bench.host_overhead import pass_fn
 from ltm.bench.kernels import implementations, make_inputs
+from ltm.bench.timing import per_call_ms
 
 
 def profile_impl(name: str, fn, x: dict, calls: int) -> None:
     step = pass_fn(fn, x, backward=True)
-    for _ in range(3):  # compile, autotune, first-call caches
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    host = (time.perf_counter() - start) / calls * 1e3
-    torch.cuda.synchronize()
+    # (3 untimed calls: compile, autotune, first-call caches)
+    host = per_call_ms(step, calls, warmup=3, sync=torch.cuda.synchronize, wait_for_device=False)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):

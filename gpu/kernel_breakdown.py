@@ -9,25 +9,17 @@ kept after each row.
 """
 import json, sys
 import torch
-from torch.profiler import ProfilerActivity, profile
-from ltm.bench.host_overhead import pass_fn
+from ltm.bench.host_overhead import kernel_times, pass_fn
 from ltm.bench.kernels import implementations, make_inputs
 
 SHAPES = "4,4096,16,128;8,2048,8,128;1,32768,8,128"
 
 
 def per_kernel_ms(step, repeats: int) -> dict[str, float]:
-    """Each kernel's device time per call (ms), largest first, from `repeats` profiled calls."""
+    """Each kernel's device time per call (ms), largest first, after three untimed calls."""
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            step()
-        torch.cuda.synchronize()
-    times = {e.key[:90]: e.device_time_total / repeats / 1e3 for e in prof.key_averages()
-             if e.device_time_total > 0}
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    return kernel_times(step, repeats)
 
 
 def main(out: str, shapes: str = SHAPES, repeats: int = 10) -> None:
@@ -48,7 +40,7 @@ def main(out: str, shapes: str = SHAPES, repeats: int = 10) -> None:
                 meta["rows"].append(row)
                 print(f"== {text} {name} {row['pass']}: {row['total_ms']:.3f} ms of kernels")
                 for kernel, ms in list(kernels.items())[:12]:
-                    print(f"   {ms:8.4f}  {kernel}")
+                    print(f"   {ms:8.4f}  {kernel[:90]}")
                 with open(out, "w") as f:
                     json.dump(meta, f, indent=1)
 

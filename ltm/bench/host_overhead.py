@@ -55,14 +55,22 @@ def pass_fn(fn: Callable, x: dict, backward: bool) -> Callable[[], object]:
     return forward_backward
 
 
-def kernel_ms(step: Callable[[], object], repeats: int = 10) -> float:
-    """The GPU time of the kernels alone per call: torch.profiler's, summed over `repeats` calls."""
+def kernel_times(step: Callable[[], object], repeats: int = 10) -> dict[str, float]:
+    """Each kernel's GPU time per call (ms), by torch.profiler's name, largest first, from
+    `repeats` calls."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             step()
         torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages()) / repeats / 1e3
+    times = {e.key: e.device_time_total / repeats / 1e3 for e in prof.key_averages()
+             if e.device_time_total > 0}
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def kernel_ms(step: Callable[[], object], repeats: int = 10) -> float:
+    """The GPU time of the kernels alone per call: torch.profiler's, summed over `repeats` calls."""
+    return sum(kernel_times(step, repeats).values())
 
 
 def measure(step: Callable[[], object]) -> dict:
