@@ -92,11 +92,12 @@ fi
 # grid shapes each, at this commit
 if [ ! -e "$STATE/refs" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 150 ]; then
   ok=0
-  for part in "1/2 delta_rule" "2/2 rwkv7"; do
-    set -- $part
-    timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part "$1" --only "$2" --no-default \
-      --paths fla_triton --commit "$HASH" --budget-s $(($(left) / 2)) --out "$OUT_DIR" \
-      --name "kernel-grid-references-$2" --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" 2>&1 \
+  for part_op in "1/2 delta_rule" "2/2 rwkv7"; do
+    read -r part op <<< "$part_op"
+    timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part "$part" --only "$op" \
+      --no-default --paths fla_triton --commit "$HASH" --budget-s $(($(left) / 2)) \
+      --out "$OUT_DIR" --name "kernel-grid-references-$op" \
+      --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" 2>&1 \
       | grep -v TileLang | tail -5 | tee -a "$OUT_DIR/log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
   done
