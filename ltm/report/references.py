@@ -88,8 +88,8 @@ def kernel_references_section(folder: Path) -> Section:
             "first in each op and pass. The summary has a row per device and commit, newest "
             "first (our kernels change between commits); a shape measured twice there counts "
             "with its worse ratio. Only the K = V = 128 shapes where FlashQLA applies and one "
-            "RWKV-7 shape were measured: the rest of the grid against fla's Triton path is in the section "
-            f"above. record: the run's file in {folder}, by its last word.")
+            "RWKV-7 shape were measured: the rest of the grid against fla's Triton path is in "
+            f"the section above. record: the run's file in {folder}, by its last word.")
     summary = reference_summary(rows).merge(
         rows.groupby(["op", "pass", "device", "commit"], sort=False)["auto_x_best"].max()
         .rename("worst auto_x_best").reset_index(), on=["op", "pass", "device", "commit"],

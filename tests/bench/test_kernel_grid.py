@@ -119,8 +119,9 @@ def test_the_parallel_warm_up_workers_get_the_measurements_fla_paths(tmp_path, m
     monkeypatch.setattr(kg, "environment", lambda commit: {})
     monkeypatch.setattr(kg, "run", lambda grid, ops, order, path, env, budget, default, warm:
                         warm(ops))
-    script.main(["--warm", "--paths", "fla_installed", "--part", "1/2",
-                 "--only", "gated_delta_rule", "--shapes", "8,2048,8,128;2,8192,4,64", "--out", str(tmp_path)])
+    script.main(["--warm", "--paths", "fla_installed", "--part", "1/2", "--only",
+                 "gated_delta_rule", "--shapes", "8,2048,8,128;2,8192,4,64",
+                 "--out", str(tmp_path)])
     assert len(commands) == 2  # one worker per head group
     for cmd in commands:
         assert cmd[cmd.index("--paths") + 1] == "fla_installed"
