@@ -23,8 +23,8 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
-                PRECISION: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR, v=None, beta=None,
-                linv=None, FROM_LINV: tl.constexpr = False):
+                PRECISION: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR, v, beta, linv,
+                FROM_LINV: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
     # computed afterwards, all chunks in parallel, by `_output_kernel`. SEGMENTED: program
     # (i_v, i_bh, i_s) walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1, from h0[i_bh NS +

@@ -37,7 +37,7 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K: tl.con
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
                      STORE_LINV: tl.constexpr, JOBS, PERSISTENT: tl.constexpr, NREADY,
-                     ZERO_READY: tl.constexpr, USE_G: tl.constexpr, STORE_WU: tl.constexpr = True):
+                     ZERO_READY: tl.constexpr, USE_G: tl.constexpr, STORE_WU: tl.constexpr):
     # ZERO_READY: the programs also zero the NREADY counters of the overlapped launch that follows
     # (`_fwd_overlapped_kernel`'s `ready`), so that the forward has no memset launch of its own
     if ZERO_READY:

@@ -45,7 +45,7 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
     q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
     common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H,
               "HQ": HQ, "K": K, "BT": BT, "BK": BK, "PRECISION": precision, "WARMUP": False,
-              "LOG_FLOOR": 0.}
+              "LOG_FLOOR": 0., "v": None, "beta": None, "linv": None, "FROM_LINV": False}
     if warmup_chunks is not None and warmup_chunks < NT:
         name, configs = (
             ("delta_rule.fwd_warmup_output", launch_choices._fused_output_configs(cls))
