@@ -31,12 +31,6 @@ export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 log() { echo "$*" | tee -a "$OUT_DIR/log"; }
 left() { echo $((BUDGET - SECONDS)); }
 log "$(nvidia-smi -L | head -1); commit $HASH; $(ls "$STATE" | tr '\n' ' ')already done"
-if [ ! -e "$STATE/site" ] && ls .whl/fla_core-*.whl > /dev/null 2>&1; then
-  bash gpu/grid_references.sh install && touch "$STATE/site" && log "fla's wheels installed"
-fi
-if [ -e "$STATE/site" ] && [ ! -e "$STATE/z3" ] && ls .whl2/z3_solver-*.whl > /dev/null 2>&1; then
-  bash gpu/grid_references.sh z3 && touch "$STATE/z3" && log "z3-solver installed"
-fi
 kernel_tests() {
   [ ! -e "$STATE/tests" ] && [ "$(left)" -gt 200 ] || return 0
   local limit=$(($(left) - 10)); [ "$limit" -gt "$TESTS_S" ] && limit=$TESTS_S
@@ -61,6 +55,14 @@ if [ ! -e "$STATE/sweep" ] && [ "$(left)" -gt 90 ]; then
     "1,32768,8,128;1,32768,8,128w;2,8192,8,128;3,5000,12,128;4,4096,16,128;8,2048,8,128" \
     "$SWEEP" 2>&1 | tee -a "$OUT_DIR/log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/sweep"
+fi
+# fla's wheels after the check and the sweep, which do not need them (a call short of time
+# keeps its seconds for the check)
+if [ ! -e "$STATE/site" ] && ls .whl/fla_core-*.whl > /dev/null 2>&1; then
+  bash gpu/grid_references.sh install && touch "$STATE/site" && log "fla's wheels installed"
+fi
+if [ -e "$STATE/site" ] && [ ! -e "$STATE/z3" ] && ls .whl2/z3_solver-*.whl > /dev/null 2>&1; then
+  bash gpu/grid_references.sh z3 && touch "$STATE/z3" && log "z3-solver installed"
 fi
 # where the host's time goes at 8,2048,8,128 (ours; fla too once installed): tens of seconds warm
 if [ ! -e "$STATE/host" ] && [ -e "$STATE/sweep" ] && [ "$(left)" -gt 60 ]; then
