@@ -28,6 +28,10 @@ from ltm.ops.titans import titans_memory
 
 LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
 DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32)]  # + hidden tile; default first
+# the deep forward's two kernels on one hidden tile of 128 (E at K = V = 64), the backward's
+# unchanged: ptxas (sm_90a, bf16, chunk 16, 8 warps) spills nothing in either, and the output
+# kernel's 16 bytes at tiles of 64 go; the backward state kernel would spill 2,456 bytes
+DEEP_FORWARD_TILES = (128,)
 
 
 def memory_call(x: dict, weights: list, chunk: int):
@@ -111,6 +115,38 @@ def deep_variants(x, weights, chunk, leaves) -> list[dict]:
     return rows
 
 
+class _Relaunch:
+    """A kernel whose launches take `overrides` over the launcher's keyword arguments."""
+
+    def __init__(self, kernel, overrides: dict):
+        self.kernel, self.overrides = kernel, overrides
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid](*args, **(kw | self.overrides))
+
+
+def deep_forward_tile_variants(x, weights, chunk, leaves) -> list[dict]:
+    """The deep memory with its forward kernels on other hidden tiles, the backward's default."""
+    run = memory_call(x, weights, chunk)
+    ref = run().detach().float()
+    names = ("_deep_states_kernel", "_deep_output_kernel")
+    originals = {n: getattr(deep_kernel, n) for n in names}
+    rows = []
+    for tile in DEEP_FORWARD_TILES:
+        def patch(be=tile):
+            for n in names:
+                setattr(deep_kernel, n, _Relaunch(originals[n], {"BE": be}))
+
+        def restore():
+            for n in names:
+                setattr(deep_kernel, n, originals[n])
+
+        rows.append({"depth": 2, "chunk": chunk, "forward_BE": tile,
+                     **with_options(patch, restore, run, leaves, ref)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def linear_chunks(shape: str) -> dict:
     """The linear memory's forward+backward time and largest kernels per chunk size."""
     B, T, H, D = (int(n) for n in shape.split(","))
@@ -153,6 +189,14 @@ def shape_report(shape: str) -> dict:
     for chunk in (16, 64):
         report["variants"] += linear_variants(x, lin_w, chunk, leaves)
     report["variants"] += deep_variants(x, deep_w, 16, leaves)
+    report["variants"] += deep_forward_tile_variants(x, deep_w, 16, leaves)
+    # the deep memory at its other chunk (another function: each token's gradient taken at its
+    # 32-token chunk's starting weights): what the chunk count costs, at the default options
+    run = memory_call(x, deep_w, 32)
+    ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves)
+    report["variants"].append({"depth": 2, "chunk": 32, "ms": round(ms, 4),
+                               "kernels": kernel_times(run)[:6]})
+    print(json.dumps({"depth": 2, "chunk": 32, "ms": round(ms, 4)}), flush=True)
     return report
 
 

@@ -7,7 +7,9 @@
 # lacks: fla as installed (with FlashQLA) beside ours by the kernel grid on the shapes no call
 # reached yet (FLA_SHAPES), both kernel by kernel (gpu/kernel_breakdown.py), the plain delta rule
 # and RWKV-7 against fla's Triton path at this commit, the deep Titans memory's two-loop bench
-# (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), then `gpu/auto.sh`. With
+# (`titans-two-loops-bench.sh`, where its `deep_bwd_before.py` was made), the Titans memory's
+# kernels under Nsight Compute (`gpu/ncu_titans.py`) and its launch variants
+# (`gpu/titans_profile.py`), then `gpu/auto.sh`. With
 # no patch pending, SKIP="check sweep tests host" goes straight to the measurements (HASH: the
 # commit measured).
 # fla's wheels travel in two calls (`gpu/grid_references.sh`: .whl, then .whl2 with z3-solver):
@@ -108,6 +110,18 @@ fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
+# why the Titans memory's sequential kernels take what they take (ncu stall reasons; about a
+# minute a shape once compiled), then its launch variants (the deep forward on one hidden tile of
+# 128, the deep memory at chunk 32)
+if [ ! -e "$STATE/ncu" ] && [ "$(left)" -gt 200 ]; then
+  timeout $(($(left) - 5)) python3 gpu/ncu_titans.py "$OUT_DIR/ncu" 2>&1 | tail -20 \
+    | tee -a "$OUT_DIR/log"; [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/ncu"
+fi
+if [ ! -e "$STATE/variants" ] && [ "$(left)" -gt 240 ]; then
+  timeout $(($(left) - 5)) python3 gpu/titans_profile.py --out "$OUT_DIR/titans-profile.json" \
+    > "$OUT_DIR/titans-profile.log" 2>&1 && touch "$STATE/variants"
+  log "titans variants: $(grep -c depth "$OUT_DIR/titans-profile.log") rows"
+fi
 [ -z "${TESTS_LAST:-}" ] || kernel_tests
 if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   OUT=$OUT_DIR/auto BUDGET=$(($(left) - 10)) TUNE_S=200 bash gpu/auto.sh > /dev/null 2>&1
@@ -115,7 +129,7 @@ if [ ! -e "$STATE/auto" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 240 ]; then
   [ -s "$OUT_DIR/auto/training.json" ] && touch "$STATE/auto"
 fi
 if [ -e "$STATE/check" ] && [ -e "$STATE/sweep" ] && [ -e "$STATE/tests" ]; then
-  log "done: check, sweep, tests$(for x in host fla kernels refs titans auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
+  log "done: check, sweep, tests$(for x in host fla kernels refs titans ncu variants auto; do [ -e "$STATE/$x" ] && echo -n ", $x"; done)"
 else
   log "not done: run it again at once ($(ls "$STATE" | tr '\n' ' ')done)"
 fi
