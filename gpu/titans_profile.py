@@ -27,11 +27,14 @@ from ltm.kernels.delta_rule import triton_chunk_delta_rule
 from ltm.ops.titans import titans_memory
 
 LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
-DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32)]  # + hidden tile; default first
-# the deep forward's two kernels on one hidden tile of 128 (E at K = V = 64), the backward's
-# unchanged: ptxas (sm_90a, bf16, chunk 16, 8 warps) spills nothing in either, and the output
-# kernel's 16 bytes at tiles of 64 go; the backward state kernel would spill 2,456 bytes
-DEEP_FORWARD_TILES = (128,)
+DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32), (8, 1, 32)]  # + hidden tile; default first
+# hidden tiles per deep kernel (states, output, bwd local, bwd state; the rest at the default):
+# ptxas for sm_90a with Triton 3.6 (bf16, K = V = 64, E = 128, chunk 16, 8 warps) spills, in bytes
+# a thread, at tiles of 64 96 / 144 / 804 / 1,208; at 128 0 / 0 / 272 / 8,248; at 32 0 / 0 / 0 /
+# 188: fewer tiles are fewer steps in turn, fewer spills fewer trips to local memory
+DEEP_TILES = [{"states": 128, "output": 128}, {"states": 128, "output": 128, "bwd_local": 128},
+              {"states": 128, "output": 128, "bwd_local": 32, "bwd_state": 32},
+              {"states": 128, "output": 128, "bwd_local": 128, "bwd_state": 32}]
 
 
 def memory_call(x: dict, weights: list, chunk: int):
@@ -125,23 +128,24 @@ class _Relaunch:
         return lambda *args, **kw: self.kernel[grid](*args, **(kw | self.overrides))
 
 
-def deep_forward_tile_variants(x, weights, chunk, leaves) -> list[dict]:
-    """The deep memory with its forward kernels on other hidden tiles, the backward's default."""
+def deep_tile_variants(x, weights, chunk, leaves) -> list[dict]:
+    """The deep memory with a hidden tile of its own for some of its kernels (DEEP_TILES)."""
     run = memory_call(x, weights, chunk)
     ref = run().detach().float()
-    names = ("_deep_states_kernel", "_deep_output_kernel")
-    originals = {n: getattr(deep_kernel, n) for n in names}
+    names = {"states": "_deep_states_kernel", "output": "_deep_output_kernel",
+             "bwd_local": "_deep_bwd_local_kernel", "bwd_state": "_deep_bwd_state_kernel"}
+    originals = {n: getattr(deep_kernel, n) for n in names.values()}
     rows = []
-    for tile in DEEP_FORWARD_TILES:
-        def patch(be=tile):
-            for n in names:
-                setattr(deep_kernel, n, _Relaunch(originals[n], {"BE": be}))
+    for tiles in DEEP_TILES:
+        def patch(tiles=tiles):
+            for short, be in tiles.items():
+                setattr(deep_kernel, names[short], _Relaunch(originals[names[short]], {"BE": be}))
 
         def restore():
-            for n in names:
-                setattr(deep_kernel, n, originals[n])
+            for name, kernel in originals.items():
+                setattr(deep_kernel, name, kernel)
 
-        rows.append({"depth": 2, "chunk": chunk, "forward_BE": tile,
+        rows.append({"depth": 2, "chunk": chunk, "tiles": tiles,
                      **with_options(patch, restore, run, leaves, ref)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -189,7 +193,7 @@ def shape_report(shape: str) -> dict:
     for chunk in (16, 64):
         report["variants"] += linear_variants(x, lin_w, chunk, leaves)
     report["variants"] += deep_variants(x, deep_w, 16, leaves)
-    report["variants"] += deep_forward_tile_variants(x, deep_w, 16, leaves)
+    report["variants"] += deep_tile_variants(x, deep_w, 16, leaves)
     # the deep memory at its other chunk (another function: each token's gradient taken at its
     # 32-token chunk's starting weights): what the chunk count costs, at the default options
     run = memory_call(x, deep_w, 32)

@@ -166,9 +166,9 @@ def titans_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
     return record_launches(launch)
 
 
-def titans_deep_launches(dtype: torch.dtype, K: int, V: int) -> list[tuple]:
-    # the deep memory's largest chunk (32) and its hidden width at titans_expansion 2
-    B, T, H, chunk, E = 1, 40, 1, 32, 2 * K
+def titans_deep_launches(dtype: torch.dtype, K: int, V: int, chunk: int = 32) -> list[tuple]:
+    # the deep memory's largest chunk (32) unless told, and its hidden width at titans_expansion 2
+    B, T, H, E = 1, 40, 1, 2 * K
     q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
     v, gates = torch.randn(B, T, H, V, dtype=dtype), [torch.rand(B, T, H) for _ in range(3)]
     state = [torch.randn(B, H, *shape) for shape in ((K, E), (K, E), (E, V), (E, V))]
@@ -208,6 +208,31 @@ def main(ops: list[str], with_registers: bool = False) -> None:
                 print(json.dumps(row), flush=True)
 
 
+def deep_tiles(tiles=(32, 64, 128), warps=(8,)) -> None:
+    """`--deep-tiles`: the deep Titans memory's kernels at the GPU profile's heads (K = V = 64,
+    hidden 128, chunk 16, bfloat16) under each hidden tile and warp count, registers and spills
+    per row (what gpu/titans_profile.py's tile variants time)."""
+    from ltm.kernels.titans import deep
+    original = deep._dims
+    for tile in tiles:
+        for w in warps:
+            def dims(*args, be=tile, nw=w, **kw):
+                return original(*args, **kw) | {"BE": be, "num_warps": nw}
+            deep._dims = dims
+            try:
+                launches = titans_deep_launches(torch.bfloat16, 64, 64, chunk=16)
+            finally:
+                deep._dims = original
+            for kernel, bound, options in launches:
+                if "deep" in kernel.fn.__name__:
+                    done = compiled(kernel, bound, options)
+                    print(json.dumps({"kernel": kernel.fn.__name__, "BE": tile, **options,
+                                      "shared": done.metadata.shared, "triton": triton.__version__,
+                                      **registers(done.asm["ptx"])}), flush=True)
+
+
 if __name__ == "__main__":
+    if "--deep-tiles" in sys.argv:
+        sys.exit(deep_tiles())
     args = [a for a in sys.argv[1:] if a != "--registers"]
     main(args or ["delta_rule", "rwkv7", "titans", "titans_deep"], "--registers" in sys.argv)
