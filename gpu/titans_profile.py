@@ -27,7 +27,8 @@ from ltm.kernels.delta_rule import triton_chunk_delta_rule
 from ltm.ops.titans import titans_memory
 
 LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
-DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32), (8, 1, 32)]  # + hidden tile; default first
+# (num_warps, num_stages, hidden tile) for every deep kernel; the default first
+DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32), (8, 1, 32)]
 # hidden tiles per deep kernel (states, output, bwd local, bwd state; the rest at the default):
 # ptxas for sm_90a with Triton 3.6 (bf16, K = V = 64, E = 128, chunk 16, 8 warps) spills, in bytes
 # a thread, at tiles of 64 96 / 144 / 804 / 1,208; at 128 0 / 0 / 272 / 8,248; at 32 0 / 0 / 0 /

@@ -208,7 +208,7 @@ def main(ops: list[str], with_registers: bool = False) -> None:
                 print(json.dumps(row), flush=True)
 
 
-def deep_tiles(tiles=(32, 64, 128), warps=(8,)) -> None:
+def deep_tiles(tiles: tuple = (32, 64, 128), warps: tuple = (8,)) -> None:
     """`--deep-tiles`: the deep Titans memory's kernels at the GPU profile's heads (K = V = 64,
     hidden 128, chunk 16, bfloat16) under each hidden tile and warp count, registers and spills
     per row (what gpu/titans_profile.py's tile variants time)."""
