@@ -9,9 +9,10 @@ loads, barriers, the tensor cores, spilled registers) is what this asks ncu.
     python gpu/ncu_titans.py OUT_DIR [--shapes 8,2048,12,64 2,8192,12,64] [--depths 2 1]
 
 Per shape and depth: one warm-up forward+backward (Triton compiles), then one that ncu
-profiles; raw CSV to OUT_DIR/ncu-<depth>-<shape>.csv, and a summary of every profiled kernel (duration, throughput, occupancy, registers, spills, the warp stall
-reasons per issued instruction, largest first) to OUT_DIR/ncu-titans.json. `--target` is the
-profiled process (what ncu runs).
+profiles; raw CSV to OUT_DIR/ncu-<depth>-<shape>.csv, and a summary of every profiled kernel
+(duration, throughput, occupancy, registers, spills, the warp stall reasons per issued
+instruction, largest first) to OUT_DIR/ncu-titans.json. `--target` is the profiled process (what
+ncu runs).
 """
 from __future__ import annotations
 
