@@ -41,21 +41,17 @@ KEPT = ("Duration", "Memory Throughput", "DRAM Throughput", "L1/TEX Cache Throug
 
 def target(shape: str, depth: int) -> None:
     """The profiled process: a warm-up forward+backward, then the one ncu profiles."""
+    # imported here: the parent process (and the parser's test) needs neither torch nor a GPU;
+    # titans_profile sits beside this file, on the path of the profiled process
     import torch
+    from titans_profile import memory_call
 
     from ltm.bench.titans_depths import make_inputs, memory_weights
-    from ltm.ops.titans import titans_memory
     from ltm.model.config import CHUNK_AUTO
 
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
-    weights = memory_weights(depth, H, D, "cuda")
-
-    def run() -> None:
-        out = titans_memory(x["q"], x["k"], x["v"], x["theta"], x["alpha"], x["eta"], weights,
-                            kernel="triton", chunk_size=CHUNK_AUTO[depth], grad_clip=1.0)[0]
-        out.float().sum().backward()
-
+    run = memory_call(x, memory_weights(depth, H, D, "cuda"), CHUNK_AUTO[depth])
     for _ in range(2):
         run()
     torch.cuda.synchronize()
