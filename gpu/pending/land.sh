@@ -111,8 +111,8 @@ if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(lef
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
 # why the Titans memory's sequential kernels take what they take (ncu stall reasons; about a
-# minute a shape once compiled), then its launch variants (the deep forward on one hidden tile of
-# 128, the deep memory at chunk 32)
+# minute a shape once compiled), then its launch variants (a hidden tile per deep kernel, the
+# deep memory at chunk 32)
 if [ ! -e "$STATE/ncu" ] && [ "$(left)" -gt 200 ]; then
   timeout $(($(left) - 5)) python3 gpu/ncu_titans.py "$OUT_DIR/ncu" 2>&1 | tail -20 \
     | tee -a "$OUT_DIR/log"; [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/ncu"
