@@ -12,14 +12,16 @@ patch's on2); "x" after that turns WARMUP_SPLIT_HEADS off (the heads that never 
 inside the warm-up launch, on its blocks); "a" after that turns WARMUP_WIDE_FORWARD_ALWAYS on (the
 forward's warm-ups wide where its narrow programs fill the SMs too, as c0dd6cf's were);
 ":bBVwWsS" after that forces the warm-up launches' value block, warps and stages (e.g.
-on4:b64w4s3)."""
+on4:b64w4s3). "-wu" at the end of any variant: the forward without a backward makes D from W and
+U (chunk.FORWARD_FROM_LINV "never"), e.g. def-wu; "-lx": from L^-1 wherever the pass can
+("always"); neither: the module's default ("fused")."""
 import json, re, sys, time
 import torch, triton
 from ltm.bench.kernels import make_inputs, implementations
 from ltm.bench.host_overhead import pass_fn
 from ltm.bench.timing import gpu_ms, graph_ms
 from ltm.kernels import tuning
-from ltm.kernels.delta_rule import segment_choices, triton_chunk_delta_rule
+from ltm.kernels.delta_rule import chunk, segment_choices, triton_chunk_delta_rule
 
 WARMUP_LAUNCHES = ("delta_rule.fwd_warmup", "delta_rule.fwd_warmup_output", "delta_rule.bwd_warmup")
 
@@ -31,6 +33,9 @@ def variant_fn(var: str):
     segment_choices.WARMUP_FILL, segment_choices.WARMUP_BACKWARD = 2, True
     segment_choices.WARMUP_WIDE, segment_choices.WARMUP_SPLIT_HEADS = True, True
     segment_choices.WARMUP_WIDE_FORWARD_ALWAYS = False
+    chunk.FORWARD_FROM_LINV = ("never" if var.endswith("-wu") else "always" if var.endswith("-lx")
+                               else "fused")  # (the module's default)
+    var = var.removesuffix("-wu").removesuffix("-lx")
     if var == "off":
         return lambda x: triton_chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], warmup=False)[0]
     if var == "def":  # the module's defaults, warm-ups where its rules take them

@@ -16,7 +16,8 @@ Forward kernels: `_prep_fwd_kernel` (chunk_prep.py; chunk-parallel: L^-1, W, U),
 chunk_fwd.py `_fwd_kernel` (sequential over chunks: states and D), `_output_kernel` (chunk-parallel:
 O). A forward that no backward follows (no input needs a gradient, or no_grad) keeps nothing for
 one: no L^-1, and where `launch_choices._fuses_output` (many programs, bf16) `_fwd_kernel` writes O
-itself, chunk by chunk, so the per-chunk states and D are never stored. Where
+itself, chunk by chunk, so the per-chunk states and D are never stored, and the prep writes L^-1
+in place of W and U, from which the pass makes D (FORWARD_FROM_LINV, `_from_linv`). Where
 `segment_choices._overlaps_output` (64-127 programs: SMs idle during the state pass),
 `_fwd_overlapped_kernel` runs the state pass and the outputs in one launch, each group of chunks'
 outputs as soon as its states are stored. Backward kernels
@@ -54,6 +55,18 @@ from ltm.kernels.delta_rule.launch_choices import (  # noqa: F401
 # Invert L's 16 x 16 diagonal blocks by repeated squaring (tensor cores) rather than forward
 # substitution (15 dependent row updates); gpu/delta_rule_variants.py times the two.
 INVERSE_BY_SQUARING = True
+
+# A forward without a backward (inference): D made per chunk in the state pass from L^-1, keys,
+# values and betas (`chunk_fwd._deltas_from_linv`) in place of W and U written by the prep and
+# read back (`_from_linv`). "fused": only where the outputs are fused (the launcher's rule: many
+# programs); there it beat W and U at every shape measured (forward, CUDA graph, H100, 634e40c:
+# 0.162 / 0.192 ms at 8,2048,8,128, 0.316 / 0.372 at 4,4096,16,128, 0.366 / 0.393 at
+# 3,5000,12,128). "always": also in one segment with the output kernel and by warm-ups, faster at
+# 2,8192,8,128 (0.203 / 0.237) and 1,32768,8,128 (0.384 / 0.448) but 21% slower there when no head
+# decays (1.064 / 0.880): D from L^-1 puts one more product on each chunk's chain (K S0, then
+# L^-1 times it, where W and U need only W S0), which a few long chains wait on and many short
+# ones do not, and the host cannot see the decays. "never": W and U (LOG.md, 2026-12-07).
+FORWARD_FROM_LINV = "fused"
 
 
 # dtypes of the backward's buffers: dd (dD), dh_local (each chunk's own (exp(G) Q)^T dO, from
@@ -151,22 +164,24 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
     cls = _shape_class(B, T, H, K, V, precision, dev)
     # W, U, D, the chunk states and L^-1 reach the later kernels only as `dot` operands
     mid = intermediate_dtype(precision)
-    w, u = nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)
-    gcum = nan_buffer((B, T, H), f32, dev)
-    linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward else None
-    o = nan_buffer((B, T, H, V), v.dtype, dev)
-    ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
     fused = (launch_choices._fuses_output(cls, backward) if opts.fuse_output is None
              else _forced(opts.fuse_output, backward))
-    # the per-chunk states and D: for the output kernel or the backward
-    h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
-            if backward or not fused else (None, None))
     # a gated forward by decay warm-ups (`segment_choices`, "Warm-ups"; NT chunks: one segment, not
     # by warm-ups): before the overlapped launch's rule, after a call's forced overlap_output
     warmup_chunks = (NT if g is None else
                      segment_choices._warmup_chunks(cls, NT, opts.warmup, *(opts.segments or ())))
     overlapped = (not fused and _overlaps(cls, NT, backward, opts)
                   and (opts.overlap_output is not None or warmup_chunks == NT))
+    from_linv = _from_linv(cls, NT, backward, fused, overlapped, warmup_chunks, opts.segments)
+    w, u = ((None, None) if from_linv else
+            (nan_buffer((B, T, H, K), mid, dev), nan_buffer((B, T, H, V), mid, dev)))
+    gcum = nan_buffer((B, T, H), f32, dev)
+    linv = nan_buffer((B * H, NT, BT, BT), mid, dev) if backward or from_linv else None
+    o = nan_buffer((B, T, H, V), v.dtype, dev)
+    ht = nan_buffer((B, H, K, V), f32, dev) if output_final_state else None
+    # the per-chunk states and D: for the output kernel or the backward
+    h, d = ((nan_buffer((B * H, NT, K, V), mid, dev), nan_buffer((B, T, H, V), mid, dev))
+            if backward or not fused else (None, None))
     ready = _overlap_counts(B * H, NT, dev) if overlapped else None
     # looping programs where `launch_choices._prep_persistent`, else one program per chunk
     persistent = launch_choices._prep_persistent(cls)
@@ -179,7 +194,8 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                    "BV": block_size(V), "PRECISION": precision, "INV_PRECISION": inverse_precision,
                    "SQUARING": (INVERSE_BY_SQUARING if opts.inverse_by_squaring is None
                                 else opts.inverse_by_squaring),
-                   "STORE_LINV": backward, "JOBS": NT * B * H,
+                   "STORE_LINV": backward or from_linv, "STORE_WU": not from_linv,
+                   "JOBS": NT * B * H,
                    "PERSISTENT": persistent, "NREADY": ready.numel() if overlapped else 0,
                    "ZERO_READY": overlapped, "USE_G": g is not None})
     if overlapped:
@@ -188,7 +204,7 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
         return o, ht, (w, d, gcum, linv, h)
     _fwd_states(k, w, u, gcum, h, d, initial_state, ht, (T, H, HQ, K, V), precision, cls,
                 fused_o=(q, o, scale) if fused else None, segments=opts.segments,
-                warmup_chunks=warmup_chunks)
+                warmup_chunks=warmup_chunks, from_linv=(v, beta, linv) if from_linv else None)
     if fused:
         return o, ht, (w, d, gcum, linv, h)
     tuning.launch("delta_rule.output", _output_kernel, lambda m: (cdiv(V, m["BV"]), NT, B * H),
@@ -197,6 +213,20 @@ def _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, 
                    "PRECISION": precision})
     # U is not saved: the backward reads D = U - W S0 in its place (chunk_bwd.py)
     return o, ht, (w, d, gcum, linv, h)
+
+
+def _from_linv(cls: tuple, NT: int, backward: bool, fused: bool, overlapped: bool,
+               warmup_chunks: int, segments: tuple | None) -> bool:
+    """Whether this forward's state pass makes D from L^-1 (FORWARD_FROM_LINV): never with a
+    backward (which reads W); "fused": where the outputs are fused; "always": in any pass that
+    can, outputs fused, by warm-ups or in one segment (the overlapped launch and the exact
+    segments' launches read W and U)."""
+    if FORWARD_FROM_LINV == "never" or backward or overlapped:
+        return False
+    if FORWARD_FROM_LINV == "fused":
+        return fused
+    one_segment = segment_choices._segment_chunks(cls, NT, *(segments or ())) == NT
+    return fused or warmup_chunks < NT or one_segment
 
 
 def _delta_rule_bwd(q, k, v, beta, scale, initial_state, saved, do, dht, options=None, gated=False):

@@ -23,7 +23,8 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
-                PRECISION: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR):
+                PRECISION: tl.constexpr, WARMUP: tl.constexpr, LOG_FLOOR, v, beta, linv,
+                FROM_LINV: tl.constexpr):
     # the sequential part only: the state entering each chunk and the deltas D; the outputs are
     # computed afterwards, all chunks in parallel, by `_output_kernel`. SEGMENTED: program
     # (i_v, i_bh, i_s) walks segment i_s, chunks i_s SEG .. (i_s + 1) SEG - 1, from h0[i_bh NS +
@@ -38,9 +39,11 @@ def _fwd_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, T, H, HQ, SEG, K: tl.c
     # heads that never decay that far run exact in one program. WARMUP 2: the decaying heads only
     # (the others' programs do nothing); 3: the others only, exact, on a grid of one program per
     # value block and state (SEG still sizes the segments their decays are judged by)
+    # FROM_LINV (a forward without a backward, in one segment or by warm-ups): D from L^-1, v and
+    # beta (`_deltas_from_linv`), the prep having written neither W nor U
     _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, None, tl.program_id(0), tl.program_id(1),
                 T, H, HQ, SEG, K, V, BT, BK, BV, USE_H0, STORE_HT, STORE_HD, SEGMENTED, TRANSITION,
-                FUSE_O, 0, 1, PRECISION, WARMUP, LOG_FLOOR)
+                FUSE_O, 0, 1, PRECISION, WARMUP, LOG_FLOOR, v, beta, linv, FROM_LINV)
 
 
 @triton.jit
@@ -49,7 +52,7 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
                 USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HD: tl.constexpr,
                 SEGMENTED: tl.constexpr, TRANSITION: tl.constexpr, FUSE_O: tl.constexpr,
                 SIGNAL: tl.constexpr, EVERY: tl.constexpr, PRECISION: tl.constexpr,
-                WARMUP: tl.constexpr, LOG_FLOOR):
+                WARMUP: tl.constexpr, LOG_FLOOR, v, beta, linv, FROM_LINV: tl.constexpr):
     # `_fwd_kernel`'s work for value block i_v of state i_bh. (NEGATIVE, not kept: at K = 128 the
     # state as two (64, BV) row halves, D = U - W1 S1 - W2 S2 and each half updated by its own
     # product, was slower: forward 0.278 against 0.263 ms at 2,8192,8,128, 0.770 against 0.674 at
@@ -93,7 +96,8 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
                 t_first, t_end = tl.where(short, t_first, 0), tl.where(short, t_end, 0)
                 edge = tl.where(short, edge, -1)
             b_s = _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H,
-                                HQ, LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION)
+                                HQ, LOG_FLOOR, K, V, BT, BK, BV, USE_H0, PRECISION, v, beta, linv,
+                                FROM_LINV)
     elif USE_H0:
         p_h0 = state_tile(h0, i_bh * NS + i_s, K, V, i_v * BV, BK, BV)
         b_s += load_tile(p_h0).to(tl.float32)
@@ -108,22 +112,28 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         # registers; the step's latency is the kernel's time where B H is small (1,32768,4,128:
         # 512 steps, 2 us each, against fla's 1 us; H100)
         p_kt = seq_tile_t(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK)
-        p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
-        # (the pointers in this order: the one-segment pass compiles as before segments existed)
-        if not TRANSITION:
-            p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+        if FROM_LINV:
+            b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+            b_kt = load_tile(p_kt)
+            b_d = _deltas_from_linv(tl.trans(b_kt), v, beta, linv, b_s, b_G, rows, valid, i_b, i_h,
+                                    i_hq, i_bh, i_t, i_v, T, H, HQ, V, BT, BV, PRECISION)
+        else:
+            p_w = seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK)
+            # (the pointers in this order: the one-segment pass compiles as before segments existed)
+            if not TRANSITION:
+                p_u = seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
+            b_kt = load_tile(p_kt)
+            b_w = load_tile(p_w)
+            if TRANSITION:
+                b_u = tl.zeros([BT, BV], dtype=tl.float32)
+            else:
+                b_u = load_tile(p_u)
+            b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
+            b_d = b_u - dot(b_w, b_s, PRECISION)
         if STORE_HD:
             p_d = seq_tile(d, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV)
-        b_kt = load_tile(p_kt)
-        b_w = load_tile(p_w)
-        if TRANSITION:
-            b_u = tl.zeros([BT, BV], dtype=tl.float32)
-        else:
-            b_u = load_tile(p_u)
-        b_G = tl.load(gcum + (i_b * T + rows) * H + i_h, mask=valid, other=0.)
         last = tl.minimum(T - i_t * BT, BT) - 1
         G_last = tl.sum(tl.where(idx == last, b_G, 0.))
-        b_d = b_u - dot(b_w, b_s, PRECISION)
         if STORE_HD:
             store_tile(p_d, b_d)
         if SIGNAL > 0:
@@ -140,6 +150,27 @@ def _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, i_v, i_bh, T, H
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * k_decay[:, None], PRECISION)
     if STORE_HT:  # (with warm-ups the last segment's end state is the final state)
         store_segment_state(ht, b_s, i_bh, i_s, NS, edge, WARMUP, K, V, i_v * BV, BK, BV)
+
+
+@triton.jit
+def _deltas_from_linv(b_k, v, beta, linv, b_s, b_G, rows, valid, i_b, i_h, i_hq, i_bh, i_t, i_v, T,
+                      H, HQ, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    # D = U - W S0 = L^-1 (beta (V - exp(G) K S0)): one chunk's deltas for value block i_v from
+    # its L^-1 (the prep's, (BT, BT)), keys b_k (BT, BK), values and betas, so that the forward
+    # neither writes nor reads W and U (FlashQLA's forward keeps them out of memory likewise).
+    # b_k is the pass's K^T tile transposed in registers: a second load of K as (BT, BK) spilled
+    # 540-636 bytes a thread where this spills 168, the W and U pass 272 (ptxas sm_90, Triton
+    # 3.6, K = 128, BV 32, 4 warps, 2 stages). Rows past T: beta 0 and L^-1's row a unit row, so
+    # D's row is 0 as from U and W
+    b_v = load_tile(seq_tile(v, i_b, i_hq, T, HQ, V, i_t * BT, i_v * BV, BT, BV)).to(tl.float32)
+    b_beta = tl.load(beta + (i_b * T + rows) * H + i_h, mask=valid, other=0.).to(tl.float32)
+    NT = tl.cdiv(T, BT)
+    idx = tl.arange(0, BT)
+    p_l = linv + (i_bh * NT + i_t).to(tl.int64) * BT * BT + idx[:, None] * BT + idx[None, :]
+    b_l = tl.load(p_l)
+    b_r = b_beta[:, None] * (b_v - tl.exp(b_G)[:, None] * dot(b_k, b_s, PRECISION))
+    return dot(b_l, b_r, PRECISION)
 
 
 @triton.jit
@@ -168,7 +199,8 @@ def _warmup_start(gcum, i_b, i_h, T, H, t_first, LOG_FLOOR, BT: tl.constexpr, NB
 @triton.jit
 def _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T, H, HQ, LOG_FLOOR,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, USE_H0: tl.constexpr, PRECISION: tl.constexpr):
+                  BV: tl.constexpr, USE_H0: tl.constexpr, PRECISION: tl.constexpr, v, beta, linv,
+                  FROM_LINV: tl.constexpr):
     # the state entering chunk t_first, from zeros at `_warmup_start`'s chunk: off from the true
     # one by at most exp(LOG_FLOOR) times the state there, for each chunk's map S -> exp(G_last)
     # (I - (exp(G_last - G) K)^T W) S has norm <= exp(G_last) when every token's I - beta k k^T
@@ -181,11 +213,16 @@ def _warmed_state(k, w, u, gcum, h0, b_s, i_v, i_b, i_h, i_hq, i_bh, t_first, T,
     idx = tl.arange(0, BT)
     for i_t in range(t_warm, t_first):  # full chunks: they precede t_first
         b_kt = load_tile(seq_tile_t(k, i_b, i_hq, T, HQ, K, i_t * BT, 0, BT, BK))
-        b_w = load_tile(seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK))
-        b_u = load_tile(seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
         b_G = tl.load(gcum + (i_b * T + i_t * BT + idx) * H + i_h)
         G_last = tl.sum(tl.where(idx == BT - 1, b_G, 0.))
-        b_d = b_u - dot(b_w, b_s, PRECISION)
+        if FROM_LINV:  # (as the pass does, `_deltas_from_linv`)
+            rows = i_t * BT + idx
+            b_d = _deltas_from_linv(tl.trans(b_kt), v, beta, linv, b_s, b_G, rows, rows < T, i_b,
+                                    i_h, i_hq, i_bh, i_t, i_v, T, H, HQ, V, BT, BV, PRECISION)
+        else:
+            b_w = load_tile(seq_tile(w, i_b, i_h, T, H, K, i_t * BT, 0, BT, BK))
+            b_u = load_tile(seq_tile(u, i_b, i_h, T, H, V, i_t * BT, i_v * BV, BT, BV))
+            b_d = b_u - dot(b_w, b_s, PRECISION)
         b_s = b_s * tl.exp(G_last) + dot(b_kt, b_d * tl.exp(G_last - b_G)[:, None], PRECISION)
     return b_s
 
@@ -302,7 +339,7 @@ def _fwd_overlapped_kernel(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, T, H
     if ticket < NV * BH:
         _state_pass(k, w, u, gcum, h, d, h0, ht, q, o, scale, ready, ticket % NV, ticket // NV,
                     T, H, HQ, NT, K, V, BT, BK, BV, USE_H0, STORE_HT, True, False, False, False,
-                    LANES, EVERY, PRECISION, False, 0.)
+                    LANES, EVERY, PRECISION, False, 0., None, None, None, False)
     else:
         NVO = tl.cdiv(V, BVO)
         job = ticket - NV * BH

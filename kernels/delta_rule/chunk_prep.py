@@ -37,7 +37,7 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K: tl.con
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
                      STORE_LINV: tl.constexpr, JOBS, PERSISTENT: tl.constexpr, NREADY,
-                     ZERO_READY: tl.constexpr, USE_G: tl.constexpr):
+                     ZERO_READY: tl.constexpr, USE_G: tl.constexpr, STORE_WU: tl.constexpr):
     # ZERO_READY: the programs also zero the NREADY counters of the overlapped launch that follows
     # (`_fwd_overlapped_kernel`'s `ready`), so that the forward has no memset launch of its own
     if ZERO_READY:
@@ -50,10 +50,10 @@ def _prep_fwd_kernel(k, v, beta, g, w, u, gcum, linv, ready, T, H, HQ, K: tl.con
         NT = tl.cdiv(T, BT)
         for job in range(tl.program_id(0), JOBS, tl.num_programs(0)):
             _prep_chunk(k, v, beta, g, w, u, gcum, linv, job % NT, job // NT, T, H, HQ, K, V, BT, BK,
-                        BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G)
+                        BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G, STORE_WU)
     else:
         _prep_chunk(k, v, beta, g, w, u, gcum, linv, tl.program_id(0), tl.program_id(1), T, H, HQ, K,
-                    V, BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G)
+                    V, BT, BK, BV, PRECISION, INV_PRECISION, SQUARING, STORE_LINV, USE_G, STORE_WU)
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def _zero_counts(ready, NREADY):
 def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 PRECISION: tl.constexpr, INV_PRECISION: tl.constexpr, SQUARING: tl.constexpr,
-                STORE_LINV: tl.constexpr, USE_G: tl.constexpr):
+                STORE_LINV: tl.constexpr, USE_G: tl.constexpr, STORE_WU: tl.constexpr):
     # L^-1 block by block: the chunk is 4 sub-chunks of BC rows; each diagonal block is inverted
     # by forward substitution and X_ij = -X_ii sum_{j<=m<i} A_im X_mj fills the rest
     tl.static_assert(BT == 64, "the block inverse is written for 64-token chunks")
@@ -146,11 +146,13 @@ def _prep_chunk(k, v, beta, g, w, u, gcum, linv, i_t, i_bh, T, H, HQ, K: tl.cons
     # W = L^-1 (beta exp(G) K) and U = L^-1 (beta V), the keys read again (from L2) once A is
     # formed (bf16: ptxas spills 172 against 292 bytes per thread with A formed first). W and U in
     # 64- or 32-column parts, fewer live registers, were slower (0.100-0.103, 0.121-0.123 ms)
-    sw0, sw1, sw2, sw3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
-    _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3, i_b, i_hq,
-                 i_h, T, H, HQ, K, t0, BC, BK, PRECISION)
-    _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, v, u, b0, b1, b2, b3, i_b, i_hq, i_h,
-                 T, H, HQ, V, t0, BC, BV, PRECISION)
+    # (STORE_WU off: a forward whose state pass makes D from L^-1, `_deltas_from_linv`)
+    if STORE_WU:
+        sw0, sw1, sw2, sw3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
+        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, k, w, sw0, sw1, sw2, sw3,
+                     i_b, i_hq, i_h, T, H, HQ, K, t0, BC, BK, PRECISION)
+        _lower_times(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, v, u, b0, b1, b2, b3,
+                     i_b, i_hq, i_h, T, H, HQ, V, t0, BC, BV, PRECISION)
     pG = gcum + (i_b * T) * H + i_h
     tl.store(pG + rows0 * H, G0, mask=m0)
     tl.store(pG + rows1 * H, G1, mask=m1)

@@ -48,10 +48,14 @@ def _shape_class(B: int, T: int, H: int, K: int, V: int, precision: str,
             _sm_count(device))
 
 
-def _programs_32(shape_class: tuple) -> int:
-    # programs of a sequential kernel on 32-wide value blocks in this class
+def _programs(shape_class: tuple, block: int) -> int:
+    # programs of a sequential kernel on value blocks `block` wide in this class: B H times them
     K, V, _, _, BH, _ = shape_class
-    return BH * cdiv(V, 32)
+    return BH * cdiv(V, block)
+
+
+def _programs_32(shape_class: tuple) -> int:
+    return _programs(shape_class, 32)
 
 
 @tuning.per_class

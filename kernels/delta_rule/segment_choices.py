@@ -11,7 +11,7 @@ from __future__ import annotations
 from ltm.kernels import tuning
 from ltm.kernels.common import cdiv
 from ltm.kernels.delta_rule.launch_choices import (OVERLAP_PROGRAMS, OVERLAPPED_OUTPUT,
-                                                   _programs_32, _sequential_configs)
+                                                   _programs, _programs_32, _sequential_configs)
 
 
 # Segments: where B H cdiv(V, 32) programs leave most SMs idle (a few long sequences of few heads),
@@ -119,8 +119,8 @@ def _warmup_configs(shape_class: tuple, backward: bool = False) -> tuple:
 
 
 def _one_segment_programs(shape_class: tuple) -> int:
-    # programs of the one-segment state pass: B H times its first launch's value blocks
-    return shape_class[4] * cdiv(shape_class[1], _sequential_configs(shape_class)[0].kwargs["BV"])
+    # programs of the one-segment state pass, on its first launch's value blocks
+    return _programs(shape_class, _sequential_configs(shape_class)[0].kwargs["BV"])
 
 
 @tuning.per_class  # (built once per class and switch: this runs twice a call, on the host)
@@ -151,8 +151,7 @@ def _warmup_chunks(shape_class: tuple, NT: int, on: bool | None = None,
             and _one_segment_programs(shape_class) >= shape_class[-1]):
         return NT
     fill = WARMUP_FILL if fill is None else fill
-    block = _warmup_configs(shape_class, backward)[0].kwargs["BV"]
-    programs = shape_class[4] * cdiv(shape_class[1], block)
+    programs = _programs(shape_class, _warmup_configs(shape_class, backward)[0].kwargs["BV"])
     segments = min(fill * shape_class[-1] // programs, NT // min_chunks)
     return NT if segments < 2 else cdiv(NT, segments)
 

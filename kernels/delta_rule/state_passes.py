@@ -31,20 +31,21 @@ def _args(kernel: str, *values) -> dict:
 
 
 def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None, segments=None,
-                warmup_chunks=None):
+                warmup_chunks=None, from_linv=None):
     """The forward's state pass: the state entering each chunk into h, D into d, the final state
     into ht (None: not asked for); in one sequential kernel, or by segments (`segment_choices`,
     "Segments": off by default; `segments`: one call's (min_chunks, fill)), or by segments of
     `warmup_chunks` chunks that each warm their entering state up from zeros (`segment_choices`,
     "Warm-ups": gated calls only). fused_o = (q, o, scale): the outputs into o in the same pass
-    (one segment, or warm-ups); h and d may then be None (not stored)."""
+    (one segment, or warm-ups); h and d may then be None (not stored). from_linv = (v, beta,
+    linv): D from L^-1 in the pass, in one segment or by warm-ups (w and u None: not written)."""
     T, H, HQ, K, V = dims
     BT, BK, BH = CHUNK, block_size(K), k.shape[0] * H
     NT = cdiv(T, BT)
     q, o, scale = fused_o if fused_o is not None else (None, None, 1.0)
     common = {"k": k, "w": w, "gcum": gcum, "q": q, "o": o, "scale": scale, "T": T, "H": H,
               "HQ": HQ, "K": K, "BT": BT, "BK": BK, "PRECISION": precision, "WARMUP": False,
-              "LOG_FLOOR": 0.}
+              "LOG_FLOOR": 0., "v": None, "beta": None, "linv": None, "FROM_LINV": False}
     if warmup_chunks is not None and warmup_chunks < NT:
         name, configs = (
             ("delta_rule.fwd_warmup_output", launch_choices._fused_output_configs(cls))
@@ -57,6 +58,8 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
                   "STORE_HD": h is not None, "SEGMENTED": True, "TRANSITION": False,
                   "FUSE_O": fused_o is not None, "WARMUP": 2 if split else True,
                   "LOG_FLOOR": segment_choices.WARMUP_LOG_FLOOR[precision]}
+        if from_linv is not None:
+            warmup.update(zip(("v", "beta", "linv"), from_linv), FROM_LINV=True)
         tuning.launch(name, _fwd_kernel, lambda m: (cdiv(V, m["BV"]), BH, cdiv(NT, warmup_chunks)),
                       configs, cls, warmup)
         if split:
@@ -71,6 +74,8 @@ def _fwd_states(k, w, u, gcum, h, d, h0, ht, dims, precision, cls, fused_o=None,
     common["SEG"] = seg
     pass_kwargs = {"u": u, "h": h, "d": d, "V": V, "STORE_HD": h is not None, "SEGMENTED": NS > 1,
                    "TRANSITION": False, "FUSE_O": fused_o is not None}
+    if from_linv is not None:  # (one segment: `chunk._from_linv` asks for it only then)
+        pass_kwargs.update(zip(("v", "beta", "linv"), from_linv), FROM_LINV=True)
     if NS > 1:
         f32, dev = torch.float32, k.device
         ends, trans = nan_buffer((BH * NS, K, V), f32, dev), nan_buffer((BH * NS, K, K), f32, dev)

@@ -128,6 +128,9 @@ def delta_rule_launches(dtype: torch.dtype, K: int, V: int, H: int = 1) -> list[
         fuses, delta_rule.launch_choices._fuses_output = delta_rule.launch_choices._fuses_output, lambda *a: True
         try:
             delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, backward=False)
+            # ... and by warm-ups (D from L^-1 in the warm-up chunks too)
+            delta_rule._delta_rule_fwd(q, k, v, beta, g, K ** -0.5, h0, True, backward=False,
+                                       options=warm)
         finally:
             delta_rule.launch_choices._fuses_output = fuses
         # the state pass and the outputs in one launch (forced: the rule takes it at 64-131 programs)
