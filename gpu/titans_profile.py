@@ -3,9 +3,11 @@ forward+backward (torch.profiler), and the op's forward+backward under launch-op
 (warps, pipelining stages, the deep memory's hidden tile), each checked against the default
 options' output, beside our delta rule at the same (B, T, H, D).
 
-    python gpu/titans_profile.py [--shapes 8,2048,12,64 ...] [--linear-chunks] [--out F.json]
+    python gpu/titans_profile.py [--shapes 8,2048,12,64 ...] [--linear-chunks | --deep-only]
+        [--out F.json]
 
 --linear-chunks: only the linear memory's forward+backward and largest kernels per chunk size.
+--deep-only: only the deep memory at chunks 16 and 32, then its hidden tile per kernel.
 
 bf16 inputs as `ltm.bench.titans_depths` makes them (unit q, k; the mixer's gate ranges; clip
 1.0). A measurement script: it changes nothing it does not put back.
@@ -205,21 +207,45 @@ def shape_report(shape: str) -> dict:
     return report
 
 
+def deep_report(shape: str) -> dict:
+    """`--deep-only`: the deep memory at its two chunk sizes (16, the default, and 32: half the
+    chunks in turn, another function) with their largest kernels, then the hidden tile per kernel
+    (DEEP_TILES) at chunk 16: what the next change to `kernels/titans/deep.py` needs, in a few
+    minutes of a fresh GPU instead of `shape_report`'s whole list."""
+    B, T, H, D = (int(n) for n in shape.split(","))
+    x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
+    leaves, weights = list(x.values()), memory_weights(2, H, D, "cuda")
+    report = {"shape": shape, "chunks": []}
+    for chunk in (16, 32):
+        run = memory_call(x, weights, chunk)
+        ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves)
+        report["chunks"].append({"chunk": chunk, "ms": round(ms, 4), "kernels": kernel_times(run)[:6]})
+        print(json.dumps({"shape": shape, "depth": 2, "chunk": chunk, "ms": round(ms, 4)}), flush=True)
+    report["tiles"] = deep_tile_variants(x, weights, 16, leaves)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,2048,12,64", "2,8192,12,64"])
     parser.add_argument("--out", default=None)
     parser.add_argument("--linear-chunks", action="store_true",
                         help="only the linear memory per chunk size (16, 32, 64)")
+    parser.add_argument("--deep-only", action="store_true",
+                        help="only the deep memory: chunks 16 and 32, then DEEP_TILES")
     args = parser.parse_args()
     import triton
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__}
     print(json.dumps(env), flush=True)
-    reports = [(linear_chunks if args.linear_chunks else shape_report)(s) for s in args.shapes]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": env, "reports": reports}, f, indent=1)
+    report_of = (linear_chunks if args.linear_chunks else deep_report if args.deep_only
+                 else shape_report)
+    reports = []
+    for shape in args.shapes:  # written after each shape: a call cut short keeps what it measured
+        reports.append(report_of(shape))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"env": env, "reports": reports}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -111,15 +111,16 @@ if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(lef
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"
 fi
 # why the Titans memory's sequential kernels take what they take (ncu stall reasons; about a
-# minute a shape once compiled), then its launch variants (a hidden tile per deep kernel, the
-# deep memory at chunk 32)
+# minute a shape once compiled), then the deep memory at chunks 16 and 32 and its hidden tile per
+# kernel (`--deep-only`; the larger shape first, each written as it is done)
 if [ ! -e "$STATE/ncu" ] && [ "$(left)" -gt 200 ]; then
   timeout $(($(left) - 5)) python3 gpu/ncu_titans.py "$OUT_DIR/ncu" 2>&1 | tail -20 \
     | tee -a "$OUT_DIR/log"; [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/ncu"
 fi
 if [ ! -e "$STATE/variants" ] && [ "$(left)" -gt 240 ]; then
-  timeout $(($(left) - 5)) python3 gpu/titans_profile.py --out "$OUT_DIR/titans-profile.json" \
-    > "$OUT_DIR/titans-profile.log" 2>&1 && touch "$STATE/variants"
+  timeout $(($(left) - 5)) python3 gpu/titans_profile.py --deep-only --shapes 2,8192,12,64 \
+    8,2048,12,64 --out "$OUT_DIR/titans-profile.json" > "$OUT_DIR/titans-profile.log" 2>&1 \
+    && touch "$STATE/variants"
   log "titans variants: $(grep -c depth "$OUT_DIR/titans-profile.log") rows"
 fi
 [ -z "${TESTS_LAST:-}" ] || kernel_tests
