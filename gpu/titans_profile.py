@@ -172,6 +172,15 @@ def linear_chunks(shape: str) -> dict:
     return report
 
 
+def deep_at_chunk(x: dict, weights: list, chunk: int, leaves: list) -> dict:
+    """The deep memory's forward+backward at one chunk size, default options, with its largest
+    kernels (at 32 another function: each token's gradient at its 32-token chunk's weights)."""
+    run = memory_call(x, weights, chunk)
+    ms = round(gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves), 4)
+    print(json.dumps({"depth": 2, "chunk": chunk, "ms": ms}), flush=True)
+    return {"depth": 2, "chunk": chunk, "ms": ms, "kernels": kernel_times(run)[:6]}
+
+
 def shape_report(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
@@ -199,11 +208,7 @@ def shape_report(shape: str) -> dict:
     report["variants"] += deep_tile_variants(x, deep_w, 16, leaves)
     # the deep memory at its other chunk (another function: each token's gradient taken at its
     # 32-token chunk's starting weights): what the chunk count costs, at the default options
-    run = memory_call(x, deep_w, 32)
-    ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves)
-    report["variants"].append({"depth": 2, "chunk": 32, "ms": round(ms, 4),
-                               "kernels": kernel_times(run)[:6]})
-    print(json.dumps({"depth": 2, "chunk": 32, "ms": round(ms, 4)}), flush=True)
+    report["variants"].append(deep_at_chunk(x, deep_w, 32, leaves))
     return report
 
 
@@ -215,14 +220,8 @@ def deep_report(shape: str) -> dict:
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     leaves, weights = list(x.values()), memory_weights(2, H, D, "cuda")
-    report = {"shape": shape, "chunks": []}
-    for chunk in (16, 32):
-        run = memory_call(x, weights, chunk)
-        ms = gpu_ms(run, warmup_ms=10, rep_ms=100, grad_to_none=leaves)
-        report["chunks"].append({"chunk": chunk, "ms": round(ms, 4), "kernels": kernel_times(run)[:6]})
-        print(json.dumps({"shape": shape, "depth": 2, "chunk": chunk, "ms": round(ms, 4)}), flush=True)
-    report["tiles"] = deep_tile_variants(x, weights, 16, leaves)
-    return report
+    return {"shape": shape, "chunks": [deep_at_chunk(x, weights, c, leaves) for c in (16, 32)],
+            "tiles": deep_tile_variants(x, weights, 16, leaves)}
 
 
 def main() -> None:
