@@ -8,7 +8,7 @@ Triton kernel and by the chunked PyTorch form, beside our delta rule's Triton ke
 
 What is held equal: the inputs' shape and dtype (bf16; float32 on the CPU), q and k unit-norm as
 the layers feed them. The memory runs as the mixer does by default: chunk_size by depth
-(model.titans_chunk_size auto: 64 linear, 16 deep; the deep memory's kernel also takes 32), grad_clip 1.0, gates in the mixer's ranges (theta ~0.1, alpha
+(model.titans_chunk_size auto: 64 linear, 32 deep; the deep memory's kernel also takes 16), grad_clip 1.0, gates in the mixer's ranges (theta ~0.1, alpha
 ~0.01, eta ~0.9), the deep memory's hidden width 2 D. The delta rule runs at its own chunk size
 (64): each op as a user would run it. `x_delta_rule` = the row's time / the delta rule's (issue
 56's target for the linear memory: <= 1.2). Times: do_bench medians on a GPU; on the CPU, the

@@ -29,8 +29,11 @@ TITANS_THETA_SIGMOID_INIT = 0.75
 STEP_BOUND_AUTO = {1: 1.0, 2: 0.4}
 # titans_chunk_size auto, by titans_depth: with its bound the linear memory at chunk 64 was as good
 # as at 16 on real text (4.070 against 4.095 nats, 3 seeds) and trained 1.17-1.4x faster on the
-# GPU profile (LOG.md 2026-12-06); the deep memory's kernel takes 16 or 32
-CHUNK_AUTO = {1: 64, 2: 16}
+# GPU profile (LOG.md 2026-12-06). The deep memory's kernel takes 16 or 32, and its time is the
+# chain of chunks in turn (heads of 16 keep a third of the time of heads of 64; LOG.md
+# 2026-12-07, tenth session): at 32, half the chunks. There the CPU default's loss was 0.010 +-
+# 0.003 nats lower (3 seeds) and the recall margin 0.045 +- 0.017 against 0.048 +- 0.013
+CHUNK_AUTO = {1: 64, 2: 32}
 
 
 @dataclasses.dataclass

@@ -120,7 +120,7 @@ def test_gates_start_where_documented(max_step, monkeypatch):
     # else 3/4 of its bound (max_step / chunk) (1 - eta)
     torch.nn.init.zeros_(mixer.gate_proj.weight)
     theta, alpha, eta = gates_seen(mixer, torch.randn(1, 5, 16), monkeypatch)
-    theta_init = 0.1 if max_step is None else 0.75 * max_step / 16 * (1 - 0.1)
+    theta_init = 0.1 if max_step is None else 0.75 * max_step / mixer.chunk_size * (1 - 0.1)
     assert torch.allclose(theta, torch.tensor(theta_init))
     assert torch.allclose(alpha, torch.tensor(0.01)) and torch.allclose(eta, torch.tensor(0.1))
     # the memory's last layer starts at zero: it reads zero before learning anything
@@ -142,13 +142,13 @@ def test_a_chunks_summed_step_stays_under_the_max_step(monkeypatch):
 
 
 def test_auto_chunk_by_depth():
-    """titans_chunk_size auto: 64 for the linear memory, 16 for deeper ones, what the mixer runs
+    """titans_chunk_size auto: 64 for the linear memory, 32 for deeper ones, what the mixer runs
     and what its step bound divides; a number stays itself."""
     cfg = lambda **kw: ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, mixer="titans", **kw)  # noqa: E731
     assert cfg(titans_depth=1).titans_chunk == 64
-    assert cfg(titans_depth=2).titans_chunk == cfg(titans_depth=3).titans_chunk == 16
+    assert cfg(titans_depth=2).titans_chunk == cfg(titans_depth=3).titans_chunk == 32
     assert cfg(titans_depth=1, titans_chunk_size=8).titans_chunk == 8
-    for depth, chunk in ((1, 64), (2, 16)):
+    for depth, chunk in ((1, 64), (2, 32)):
         mixer = Titans(cfg(titans_depth=depth))
         assert mixer.chunk_size == chunk
         assert mixer.token_step == pytest.approx(cfg(titans_depth=depth).titans_step_bound / chunk)
