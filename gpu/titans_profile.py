@@ -31,13 +31,18 @@ from ltm.ops.titans import titans_memory
 LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
 # (num_warps, num_stages, hidden tile) for every deep kernel; the default first
 DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32), (8, 1, 32)]
-# hidden tiles per deep kernel (states, output, bwd local, bwd state; the rest at the default):
-# ptxas for sm_90a with Triton 3.6 (bf16, K = V = 64, E = 128, chunk 16, 8 warps) spills, in bytes
-# a thread, at tiles of 64 96 / 144 / 804 / 1,208; at 128 0 / 0 / 272 / 8,248; at 32 0 / 0 / 0 /
-# 188: fewer tiles are fewer steps in turn, fewer spills fewer trips to local memory
-DEEP_TILES = [{"states": 128, "output": 128}, {"states": 128, "output": 128, "bwd_local": 128},
+# hidden tiles per deep kernel (states, output, bwd local, bwd state; the rest at the default,
+# kernels/titans/deep.py's HIDDEN_TILES), the tiles before (64 everywhere) first. ptxas for sm_90a
+# with Triton 3.6 (bf16, K = V = 64, E = 128, 8 warps) spills, in bytes a thread, at chunk 16 at
+# tiles of 64 96 / 144 / 804 / 1,208; at 128 0 / 0 / 272 / 8,248; at 32 0 / 0 / 0 / 188; at chunk
+# 32 at 64 764 / 484 / 1,800 / 4,596; at 128 552 / 0 / 1,236 / 18,716; at 32 128 / 12 / 244 /
+# 1,996 (`tests/kernels/shared_memory_probe.py --deep-tiles 32`, loads)
+DEEP_TILES = [{"states": 64, "output": 64, "bwd_local": 64, "bwd_state": 64},
+              {"states": 128, "output": 128, "bwd_local": 64, "bwd_state": 64},
+              {"states": 128, "output": 128, "bwd_local": 128, "bwd_state": 64},
+              {"states": 128, "output": 128, "bwd_local": 128, "bwd_state": 32},
               {"states": 128, "output": 128, "bwd_local": 32, "bwd_state": 32},
-              {"states": 128, "output": 128, "bwd_local": 128, "bwd_state": 32}]
+              {"states": 32, "output": 128, "bwd_local": 32, "bwd_state": 32}]
 
 
 def memory_call(x: dict, weights: list, chunk: int):
@@ -212,16 +217,17 @@ def shape_report(shape: str) -> dict:
     return report
 
 
-def deep_report(shape: str) -> dict:
-    """`--deep-only`: the deep memory at its two chunk sizes (16, the default, and 32: half the
-    chunks in turn, another function) with their largest kernels, then the hidden tile per kernel
-    (DEEP_TILES) at chunk 16: what the next change to `kernels/titans/deep.py` needs, in a few
-    minutes of a fresh GPU instead of `shape_report`'s whole list."""
+def deep_report(shape: str, tile_chunk: int = 32) -> dict:
+    """`--deep-only`: the deep memory at its two chunk sizes (16, and 32, the default since
+    2026-12-08: half the chunks in turn, another function) with their largest kernels, then the
+    hidden tile per kernel (DEEP_TILES) at `tile_chunk`: what the next change to
+    `kernels/titans/deep.py` needs, in a few minutes of a fresh GPU instead of `shape_report`'s
+    whole list."""
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     leaves, weights = list(x.values()), memory_weights(2, H, D, "cuda")
     return {"shape": shape, "chunks": [deep_at_chunk(x, weights, c, leaves) for c in (16, 32)],
-            "tiles": deep_tile_variants(x, weights, 16, leaves)}
+            "tiles": deep_tile_variants(x, weights, tile_chunk, leaves)}
 
 
 def main() -> None:

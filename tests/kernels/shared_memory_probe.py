@@ -211,10 +211,10 @@ def main(ops: list[str], with_registers: bool = False) -> None:
                 print(json.dumps(row), flush=True)
 
 
-def deep_tiles(tiles: tuple = (32, 64, 128), warps: tuple = (8,)) -> None:
-    """`--deep-tiles`: the deep Titans memory's kernels at the GPU profile's heads (K = V = 64,
-    hidden 128, chunk 16, bfloat16) under each hidden tile and warp count, registers and spills
-    per row (what gpu/titans_profile.py's tile variants time)."""
+def deep_tiles(tiles: tuple = (32, 64, 128), warps: tuple = (8,), chunk: int = 16) -> None:
+    """`--deep-tiles [CHUNK]`: the deep Titans memory's kernels at the GPU profile's heads (K = V =
+    64, hidden 128, bfloat16, chunk 16 unless told) under each hidden tile and warp count,
+    registers and spills per row (what gpu/titans_profile.py's tile variants time)."""
     from ltm.kernels.titans import deep
     original = deep._dims
     for tile in tiles:
@@ -223,19 +223,20 @@ def deep_tiles(tiles: tuple = (32, 64, 128), warps: tuple = (8,)) -> None:
                 return original(*args, **kw) | {"BE": be, "num_warps": nw}
             deep._dims = dims
             try:
-                launches = titans_deep_launches(torch.bfloat16, 64, 64, chunk=16)
+                launches = titans_deep_launches(torch.bfloat16, 64, 64, chunk=chunk)
             finally:
                 deep._dims = original
             for kernel, bound, options in launches:
                 if "deep" in kernel.fn.__name__:
                     done = compiled(kernel, bound, options)
-                    print(json.dumps({"kernel": kernel.fn.__name__, "BE": tile, **options,
+                    print(json.dumps({"kernel": kernel.fn.__name__, "chunk": chunk, "BE": tile, **options,
                                       "shared": done.metadata.shared, "triton": triton.__version__,
                                       **registers(done.asm["ptx"])}), flush=True)
 
 
 if __name__ == "__main__":
     if "--deep-tiles" in sys.argv:
-        sys.exit(deep_tiles())
+        after = sys.argv[sys.argv.index("--deep-tiles") + 1:]
+        sys.exit(deep_tiles(chunk=int(after[0]) if after else 16))
     args = [a for a in sys.argv[1:] if a != "--registers"]
     main(args or ["delta_rule", "rwkv7", "titans", "titans_deep"], "--registers" in sys.argv)

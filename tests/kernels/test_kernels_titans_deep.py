@@ -19,13 +19,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = ("q", "k", "v", "theta", "alpha", "eta")
 STATE_NAMES = ("W1", "S1", "W2", "S2")
 # (B, T, H, K, E, V, chunk, clip): T < chunk, T = chunk, odd T over several chunks, odd head
-# sizes, a hidden width over two tiles with a ragged last one (E = 40, tiles of 32), chunk 32;
-# clip None, or small enough to act on most tokens
+# sizes, a hidden width over tiles with a ragged last one (E = 136: 128 + 8 in the kernels with
+# tiles of 128, 64 + 64 + 8 in the backward state kernel's), chunk 32; clip None, or small enough
+# to act on most tokens
 CASES = [
     (1, 5, 1, 8, 16, 8, 16, 0.5),
     (2, 16, 2, 12, 24, 12, 16, None),
     (1, 37, 2, 12, 40, 20, 16, 0.3),
     (1, 70, 1, 16, 32, 16, 32, 1.0),
+    (1, 21, 1, 8, 136, 8, 16, 0.5),
 ]
 if ON_GPU:
     CASES += [(2, 300, 4, 64, 128, 64, 16, 1.0), (1, 200, 2, 64, 128, 64, 32, None),
