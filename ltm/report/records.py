@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 from ltm.bench.kernel_grid import geomean, grid_table
+from ltm.report.compare import git
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def read_records(folder: str | Path, key: str, kind: str) -> list[tuple[Path, dict]]:
@@ -136,12 +139,20 @@ def reference_rows(folder: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def reference_summary(rows: pd.DataFrame) -> pd.DataFrame:
+def history_rank(commits: list[str], repo: str | Path = ROOT) -> dict[str, int]:
+    """Each short commit's place in the history of HEAD, 0 the newest: what tells apart records of
+    one date. A commit git cannot find (a copy without history, another branch) ranks last."""
+    listed = (git("rev-list", "--topo-order", "HEAD", cwd=repo) or "").split()
+    place = {full[:7]: i for i, full in reversed(list(enumerate(listed)))}
+    return {c: place.get(c[:7], len(listed)) for c in commits}
+
+
+def reference_summary(rows: pd.DataFrame, repo: str | Path = ROOT) -> pd.DataFrame:
     """Per op and pass of `reference_rows`, one row per device and commit (our kernels change
-    between commits; a ratio measured at one is not a ratio at another), newest first: the shapes
-    measured, the geometric mean of x_best over shapes (a shape measured more than once counts
-    with its worst x_best) and the worst x_best with its shape, and the same against fla's
-    Triton path alone."""
+    between commits; a ratio measured at one is not a ratio at another), newest first (by date,
+    then by place in `repo`'s history): the shapes measured, the geometric mean of x_best over
+    shapes (a shape measured more than once counts with its worst x_best) and the worst x_best
+    with its shape, and the same against fla's Triton path alone."""
     if rows.empty:
         return pd.DataFrame()
     out = []
@@ -158,5 +169,7 @@ def reference_summary(rows: pd.DataFrame) -> pd.DataFrame:
                     "geomean x_triton": geomean(list(triton)) if len(triton) else None,
                     "worst x_triton": triton.min() if len(triton) else None})
     out = pd.DataFrame(out)
-    return out.sort_values(["op", "pass", "date"], ascending=[True, True, False], kind="stable",
-                           ignore_index=True)
+    out["rank"] = out["commit"].map(history_rank(list(out["commit"].unique()), repo))
+    out = out.sort_values(["op", "pass", "date", "rank"], ascending=[True, True, False, True],
+                          kind="stable", ignore_index=True)
+    return out.drop(columns="rank")

@@ -2,13 +2,14 @@
 `reference_summary`): each measured pass with the backends it ran, the fastest path, and a shape
 measured twice counted with its worse ratio."""
 import json
+import subprocess
 
 import pytest
 import torch
 
 from ltm.ops.auto import shape_class
 from ltm.report.headline import references_line
-from ltm.report.records import reference_rows, reference_summary
+from ltm.report.records import history_rank, reference_rows, reference_summary
 from ltm.report.references import auto_pick, kernel_references_section
 
 
@@ -114,3 +115,29 @@ def test_auto_runs_what_the_devices_table_picks_timed_as_that_path(tmp_path, mon
     assert measured[measured["op"] == "delta_rule"]["auto"].isna().all()
     # worst x_best first within the op and pass
     assert list(gated.index) == ["8,64,2,128", "1,64,2,128"]
+
+
+def test_records_of_one_date_go_newest_commit_first_by_history(tmp_path):
+    # two records of one date: the date cannot order them, the repository's history does (the
+    # older commit's record is read first, so file order alone would put it first)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run = lambda *args: subprocess.run(["git", "-C", str(repo), *args], check=True,
+                                       capture_output=True, text=True).stdout.strip()
+    run("init", "-q")
+    hashes = []
+    for message in ("older", "newer"):
+        run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+            "-m", message)
+        hashes.append(run("rev-parse", "HEAD"))
+    folder = tmp_path / "records"
+    write(folder, "a.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 0.5)], commit=hashes[0],
+          date="2026-12-07")
+    write(folder, "b.json", [grid_row([1, 64, 2, 128], 1.0, 3.0, 1.5)], commit=hashes[1],
+          date="2026-12-07")
+    summary = reference_summary(reference_rows(folder), repo=repo)
+    assert list(summary["commit"]) == [hashes[1][:7], hashes[0][:7]]
+    assert history_rank([hashes[0][:7], "0000000"], repo) == {hashes[0][:7]: 1, "0000000": 2}
+    # without a history to read, the date's order is kept
+    unordered = reference_summary(reference_rows(folder), repo=tmp_path / "no-repo")
+    assert list(unordered["commit"]) == [hashes[0][:7], hashes[1][:7]]
