@@ -31,8 +31,8 @@ from ltm.ops.titans import titans_memory
 LINEAR_OPTIONS = [(4, 2), (4, 1), (4, 3)]  # (num_warps, num_stages); the default first
 # (num_warps, num_stages, hidden tile) for every deep kernel; the default first
 DEEP_OPTIONS = [(8, 1, 64), (8, 2, 64), (4, 2, 64), (4, 2, 32), (8, 1, 32)]
-# hidden tiles per deep kernel (states, output, bwd local, bwd state; the rest at the default,
-# kernels/titans/deep.py's HIDDEN_TILES), the tiles before (64 everywhere) first. ptxas for sm_90a
+# hidden tiles per deep kernel (states, output, bwd local, bwd state), the default (64 everywhere)
+# first, then gpu/pending/titans-deep-hidden-tiles.patch's (128 / 128 / 128 / 64). ptxas for sm_90a
 # with Triton 3.6 (bf16, K = V = 64, E = 128, 8 warps) spills, in bytes a thread, at chunk 16 at
 # tiles of 64 96 / 144 / 804 / 1,208; at 128 0 / 0 / 272 / 8,248; at 32 0 / 0 / 0 / 188; at chunk
 # 32 at 64 764 / 484 / 1,800 / 4,596; at 128 552 / 0 / 1,236 / 18,716; at 32 128 / 12 / 244 /

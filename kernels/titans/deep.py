@@ -24,21 +24,14 @@ DEEP_CHUNK_SIZES = TRITON_DEEP_CHUNK_SIZES  # see ltm.ops.titans.memory
 MAX_HIDDEN = 512
 
 
-# the hidden tile of each kernel for heads up to 64: 128 where it cut the time at chunks 16 and 32
-# on an H100 (records/lab/titans-deep-tiles-h100-2026-12-08.json); the backward state kernel, whose
-# live set is the largest, keeps 64 (at 128 ptxas spills 8-13 KB a thread, Triton 3.6, sm_90a)
-HIDDEN_TILES = {"states": 128, "output": 128, "bwd_local": 128, "bwd_state": 64}
-SEQUENTIAL = ("states", "bwd_state")  # the kernels that walk the chunks in turn
-
-
-def _dims(q: torch.Tensor, E: int, V: int, chunk: int, kernel: str) -> dict:
-    """The sizes and launch options of one kernel ("states", "output", "bwd_local" or
-    "bwd_state"). A program's largest live set, a phase of the backward state kernel's third pass,
-    holds about six (K or V) x BE float32 tiles of state and state gradient. Heads up to 64 walk
-    the hidden layer in the tiles of HIDDEN_TILES with 8 warps (before, 64 for every kernel: on an
-    H100, K = V = 64, E = 128, chunk 16, bf16, forward+backward 21.9 ms against 24.0 with tiles of
-    32 and 4 warps at 8 x 2048 x 12, 51.7 against 65.8 ms at 2 x 8192 x 12). Wider heads keep
-    tiles of 32 with 8 warps.
+def _dims(q: torch.Tensor, E: int, V: int, chunk: int, sequential: bool) -> dict:
+    """The kernels' sizes and launch options. A program's largest live set, a phase of the
+    backward state kernel's third pass, holds about six (K or V) x BE float32 tiles of state and
+    state gradient. Heads up to 64 walk the hidden layer in tiles of 64 with 8 warps: on an H100
+    (K = V = 64, E = 128, chunk 16, bf16) forward+backward 21.9 ms against 24.0 with tiles of 32
+    and 4 warps at 8 x 2048 x 12, 51.7 against 65.8 ms at 2 x 8192 x 12 (tiles of 32 with 8
+    warps: 26.6 and 70.3; with 4 warps and two stages: 21.6 and 60.9). Wider heads keep tiles of
+    32 with 8 warps.
 
     The sequential kernels multiply in "tf32x3" whatever the input dtype: their products make
     the state, which carries its rounding from chunk to chunk through the non-linear memory. With
@@ -46,8 +39,8 @@ def _dims(q: torch.Tensor, E: int, V: int, chunk: int, kernel: str) -> dict:
     float64 token loop (K = V = 64, E = 128, T = 40, CPU interpreter), with "tf32x3" 3e-7; the
     chunk-parallel kernels, whose rounding stays in their chunk, follow `dot_precision`."""
     K = q.shape[-1]
-    precision = "tf32x3" if kernel in SEQUENTIAL else dot_precision(q.dtype, K)
-    hidden_tile = HIDDEN_TILES[kernel] if max(K, V) <= 64 else 32
+    precision = "tf32x3" if sequential else dot_precision(q.dtype, K)
+    hidden_tile = 64 if max(K, V) <= 64 else 32
     return dict(H=q.shape[2], K=K, E=E, V=V, BT=chunk, BK=block_size(K),
                 BE=min(block_size(E), hidden_tile), BV=block_size(V), PRECISION=precision,
                 num_warps=8, num_stages=1)
@@ -81,9 +74,9 @@ def _deep_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Te
     o = v.new_empty(v.shape)
     a, b, gamma, ends, w_last, p_last = triton_chunk_gates(alpha, eta, chunk)
     _deep_states_kernel[(B * H,)](k, v, theta, ends, w_last, p_last, *states, z1, d1, d2, g, T, NT,
-                                  clip or 1.0, USE_CLIP=clip > 0, **_dims(q, E, V, chunk, "states"))
+                                  clip or 1.0, USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
     _deep_output_kernel[(NT, B * H)](q, k, a, b, gamma, *states, z1, d1, d2, g, o, T, NT,
-                                     **_dims(q, E, V, chunk, "output"))
+                                     **_dims(q, E, V, chunk, False))
     # the final state is slot NT, copied: a custom operator's outputs may not alias each other,
     # and the backward then takes its gradient alone, not a buffer-sized one
     return (o, *(x[:, :, NT].clone() for x in states), *states, z1, d1, d2, g)
@@ -132,11 +125,11 @@ def _deep_bwd(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, alpha: torc
     states = (w1, s1, w2, s2)
     _deep_bwd_local_kernel[(NT, B * H)](
         q, k, do, a, b, gamma, *states, z1, d1, d2, g, dq, da, db, dgamma, dg, dk_buf, dd1, dh1,
-        dd2, *dstates, T, NT, **_dims(q, E, V, chunk, "bwd_local"))
+        dd2, *dstates, T, NT, **_dims(q, E, V, chunk, False))
     _deep_bwd_state_kernel[(B * H,)](
         k, theta, ends, w_last, p_last, *states, z1, d1, d2, g, dg, dk_buf, dd1, dh1, dd2,
         *dstates, dk, dv, dtheta, dends, dw_last, dp_last, T, NT, clip or 1.0,
-        USE_CLIP=clip > 0, **_dims(q, E, V, chunk, "bwd_state"))
+        USE_CLIP=clip > 0, **_dims(q, E, V, chunk, True))
     dalpha, deta = triton_chunk_gates_bwd(alpha, eta, chunk, (da, db, dgamma, dends, dw_last,
                                                               dp_last), gamma)
     return (dq, dk, dv, dtheta.to(theta.dtype), dalpha, deta,

@@ -155,9 +155,8 @@ def _deep_bwd_state_kernel(k, theta, ends, w_last, p_last, w1s, s1s, w2s, s2s, z
         d2 = load(mat_tile(d2_buf, rows, all_t, rv, mv, V))
         dk_t = load(mat_tile(dk_buf, rows, all_t, rk, mk, K))
         # (1) the hand-off's sums over the hidden width, layer 1's tiles, then layer 2's: in one
-        # loop both layers' gradient tiles were live at once, and ptxas (Triton 3.7.1, sm_90a,
-        # bf16, K = V = 64, E = 128, chunk 16, 8 warps) spilled 792 bytes a thread against 364 in
-        # two
+        # loop both layers' gradient tiles were live at once, and ptxas (sm_90a, bf16, K = V = 64,
+        # E = 128, chunk 16, 8 warps) spilled 792 bytes a thread against 364 in two
         h_dw = tl.zeros([BT, BV], dtype=tl.float32)  # h1 dW2'
         h_ds = tl.zeros([BT, BV], dtype=tl.float32)
         w_sum = tl.zeros([BT], dtype=tl.float32)  # the gradient of wl g
