@@ -218,16 +218,17 @@ def shape_report(shape: str) -> dict:
 
 
 def deep_report(shape: str, tile_chunk: int = 32) -> dict:
-    """`--deep-only`: the deep memory at its two chunk sizes (16, and 32, the default since
-    2026-12-08: half the chunks in turn, another function) with their largest kernels, then the
-    hidden tile per kernel (DEEP_TILES) at `tile_chunk`: what the next change to
+    """`--deep-only`: the hidden tile per kernel (DEEP_TILES) at `tile_chunk`, then the deep
+    memory at its two chunk sizes (16, and 32, the default since 2026-12-08: half the chunks in
+    turn, another function) with their largest kernels: what the next change to
     `kernels/titans/deep.py` needs, in a few minutes of a fresh GPU instead of `shape_report`'s
     whole list."""
     B, T, H, D = (int(n) for n in shape.split(","))
     x = make_inputs(B, T, H, D, torch.bfloat16, "cuda")
     leaves, weights = list(x.values()), memory_weights(2, H, D, "cuda")
+    tiles = deep_tile_variants(x, weights, tile_chunk, leaves)  # first: what a short call needs
     return {"shape": shape, "chunks": [deep_at_chunk(x, weights, c, leaves) for c in (16, 32)],
-            "tiles": deep_tile_variants(x, weights, tile_chunk, leaves)}
+            "tiles": tiles}
 
 
 def main() -> None:
@@ -237,7 +238,7 @@ def main() -> None:
     parser.add_argument("--linear-chunks", action="store_true",
                         help="only the linear memory per chunk size (16, 32, 64)")
     parser.add_argument("--deep-only", action="store_true",
-                        help="only the deep memory: chunks 16 and 32, then DEEP_TILES")
+                        help="only the deep memory: DEEP_TILES, then chunks 16 and 32")
     args = parser.parse_args()
     import triton
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
