@@ -143,7 +143,9 @@ def history_rank(commits: list[str], repo: str | Path = ROOT) -> dict[str, int]:
     """Each short commit's place in the history of HEAD, 0 the newest: what tells apart records of
     one date. A commit git cannot find (a copy without history, another branch) ranks last."""
     listed = (git("rev-list", "--topo-order", "HEAD", cwd=repo) or "").split()
-    place = {full[:7]: i for i, full in reversed(list(enumerate(listed)))}
+    place: dict[str, int] = {}
+    for i, full in enumerate(listed):
+        place.setdefault(full[:7], i)
     return {c: place.get(c[:7], len(listed)) for c in commits}
 
 

@@ -42,6 +42,7 @@ def test_the_passes_time_a_forward_without_grad_and_a_backward_that_accumulates_
     do = torch.randn(4, 3)
     assert torch.allclose(gx, do @ w.detach().T) and torch.allclose(gw, x["x"].detach().T @ do)
 
+
 def test_a_bad_choice_is_refused_by_the_command_line(capsys):
     with pytest.raises(SystemExit):
         parse(["out.json", "--fused-output", "sometimes"])

@@ -229,8 +229,9 @@ def deep_tiles(tiles: tuple = (32, 64, 128), warps: tuple = (8,), chunk: int = 1
             for kernel, bound, options in launches:
                 if "deep" in kernel.fn.__name__:
                     done = compiled(kernel, bound, options)
-                    print(json.dumps({"kernel": kernel.fn.__name__, "chunk": chunk, "BE": tile, **options,
-                                      "shared": done.metadata.shared, "triton": triton.__version__,
+                    print(json.dumps({"kernel": kernel.fn.__name__, "chunk": chunk, "BE": tile,
+                                      **options, "shared": done.metadata.shared,
+                                      "triton": triton.__version__,
                                       **registers(done.asm["ptx"])}), flush=True)
 
 
