@@ -5,7 +5,11 @@
 #                                                  # torch-c-dlpack-ext from the wheels in .whl
 #   bash gpu/grid_references.sh z3                 # z3-solver (which TileLang links) from .whl2:
 #                                                  # the next call, on the same warm machine
+#   bash gpu/grid_references.sh core               # fla-core alone from .whl-fla (enough for refs)
 #   bash gpu/grid_references.sh grid ARGS...       # gpu/kernel_grid.py ARGS (--out gpu/results)
+#   bash gpu/grid_references.sh refs HASH SECONDS OUT
+#                                                  # the plain delta rule and RWKV-7 against fla's
+#                                                  # Triton path at three grid shapes (issue 55)
 #   bash gpu/grid_references.sh run CMD ARGS...    # any command with the same environment
 #
 # The wheels do not fit one call's 64 MiB of carried files together (tilelang 50 MB, z3 29 MB),
@@ -19,7 +23,22 @@ install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$1"/*.whl
 }
-step=${1:?install, z3, grid or run}
+# the plain delta rule and RWKV-7 against fla's Triton path (issue 55: >= 1.3x everywhere), three
+# grid shapes each, in SECONDS at most, records in OUT; exits 1 when an op failed or was cut
+refs() {
+    local hash=$1 budget=$2 out=$3 ok=0 part op left
+    for part_op in "1/2 delta_rule" "2/2 rwkv7"; do
+        read -r part op <<< "$part_op"
+        left=$((budget - SECONDS)); [ "$left" -gt 40 ] || { ok=1; break; }
+        timeout "$left" python3 gpu/kernel_grid.py --part "$part" --only "$op" \
+            --no-default --paths fla_triton --commit "$hash" --budget-s $((left / 2)) \
+            --out "$out" --name "kernel-grid-references-$op" \
+            --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" 2>&1 | grep -v TileLang | tail -5
+        [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
+    done
+    return $ok
+}
+step=${1:?install, z3, core, grid, refs or run}
 shift
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} FLA_CACHE_RESULTS=1
@@ -27,7 +46,9 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} FLA_CACHE_RESULTS
 case "$step" in
     install) install .whl ;;
     z3) install .whl2 ;;
+    core) install .whl-fla ;;
     grid) python3 gpu/kernel_grid.py --out gpu/results "$@" ;;
+    refs) refs "$@" ;;
     run) "$@" ;;
-    *) echo "unknown step $step: install, z3, grid or run" >&2; exit 2 ;;
+    *) echo "unknown step $step: install, z3, core, grid, refs or run" >&2; exit 2 ;;
 esac

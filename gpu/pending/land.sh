@@ -92,20 +92,10 @@ if [ ! -e "$STATE/kernels" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 90 ]; the
     > "$OUT_DIR/kernels.log"; [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/kernels"
   log "kernel breakdown: $(grep -c "==" "$OUT_DIR/kernels.log") rows"
 fi
-# the plain delta rule and RWKV-7 against fla's Triton path (issue 55: >= 1.3x everywhere), three
-# grid shapes each, at this commit
+# the plain delta rule and RWKV-7 against fla's Triton path at this commit (issue 55)
 if [ ! -e "$STATE/refs" ] && [ -e "$STATE/fla" ] && [ "$(left)" -gt 150 ]; then
-  ok=0
-  for part_op in "1/2 delta_rule" "2/2 rwkv7"; do
-    read -r part op <<< "$part_op"
-    timeout $(($(left) - 5)) bash gpu/grid_references.sh grid --part "$part" --only "$op" \
-      --no-default --paths fla_triton --commit "$HASH" --budget-s $(($(left) / 2)) \
-      --out "$OUT_DIR" --name "kernel-grid-references-$op" \
-      --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" 2>&1 \
-      | grep -v TileLang | tail -5 | tee -a "$OUT_DIR/log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
-  done
-  [ $ok -eq 0 ] && touch "$STATE/refs"
+  bash gpu/grid_references.sh refs "$HASH" $(($(left) - 5)) "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$STATE/refs"
 fi
 if [ ! -e "$STATE/titans" ] && [ -e gpu/pending/deep_bwd_before.py ] && [ "$(left)" -gt 120 ]; then
   timeout $(($(left) - 5)) bash gpu/pending/titans-two-loops-bench.sh "$OUT_DIR" && touch "$STATE/titans"

@@ -28,14 +28,7 @@ PY
 )
 echo "tiles verdict: $verdict" | tee -a "$OUT/log"
 if [ -d .whl-fla ] && [ $((LIMIT - 5 - SECONDS)) -gt 60 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl-fla/*.whl 2>&1 | tail -2
-  for po in "1/2 delta_rule" "2/2 rwkv7"; do
-    read -r part op <<< "$po"; left=$((LIMIT - 2 - SECONDS)); [ $left -gt 40 ] || break
-    timeout $left bash gpu/grid_references.sh grid --part "$part" --only "$op" --no-default \
-      --paths fla_triton --commit "$HASH" --budget-s $((left / 2)) --out "$OUT" \
-      --name "kernel-grid-references-$op" --shapes "8,2048,8,128;2,8192,8,128;4,4096,16,128" \
-      2>&1 | grep -v TileLang | tail -12 | tee -a "$OUT/log"
-  done
+  bash gpu/grid_references.sh core
+  bash gpu/grid_references.sh refs "$HASH" $((LIMIT - 2 - SECONDS)) "$OUT" 2>&1 | tee -a "$OUT/log"
 fi
 echo "today.sh done at $SECONDS s" | tee -a "$OUT/log"
