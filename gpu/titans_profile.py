@@ -7,7 +7,7 @@ options' output, beside our delta rule at the same (B, T, H, D).
         [--out F.json]
 
 --linear-chunks: only the linear memory's forward+backward and largest kernels per chunk size.
---deep-only: only the deep memory at chunks 16 and 32, then its hidden tile per kernel.
+--deep-only: only the deep memory: its hidden tile per kernel, then chunks 16 and 32.
 
 bf16 inputs as `ltm.bench.titans_depths` makes them (unit q, k; the mixer's gate ranges; clip
 1.0). A measurement script: it changes nothing it does not put back.
@@ -211,8 +211,8 @@ def shape_report(shape: str) -> dict:
         report["variants"] += linear_variants(x, lin_w, chunk, leaves)
     report["variants"] += deep_variants(x, deep_w, 16, leaves)
     report["variants"] += deep_tile_variants(x, deep_w, 16, leaves)
-    # the deep memory at its other chunk (another function: each token's gradient taken at its
-    # 32-token chunk's starting weights): what the chunk count costs, at the default options
+    # the deep memory at chunk 32, its default since 2026-12-08 (another function: each token's
+    # gradient taken at its 32-token chunk's starting weights), beside the rows above at 16
     report["variants"].append(deep_at_chunk(x, deep_w, 32, leaves))
     return report
 
